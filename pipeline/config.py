@@ -1,0 +1,290 @@
+"""One typed schema for all of params.yaml; every stage validates through `load_params`.
+
+Unknown keys, wrong types and impossible values fail with one line per problem naming the key
+(e.g. `params.yaml: sweep.sae.ks: k=512 > dictionary size 256`), before any work starts.
+
+Sweep design: the grid is two DVC `matrix` stages — rotations (CEDAR and the rotation
+baselines, one latent per embedding dimension, so only k varies) and SAEs (method x dictionary
+size x k). A k larger than a dictionary size (or than d for rotations) is rejected here, not
+skipped: DVC expands the full cross product, so an impossible cell would otherwise fail late.
+Each method's options are validated against the keyword-only parameters of its model class
+constructor, so the class signature is the single documented list of options.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from pipeline.train import TrainSettings
+
+
+class ParamsError(ValueError):
+    """params.yaml is malformed; the message has one line per problem, each naming the key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(Strict):
+    """The image source. `scenes` = the procedural offline world (pipeline.data.scenes)."""
+
+    source: Literal["scenes"] = "scenes"
+    n_images: int = Field(3000, ge=20)
+    image_size: int = Field(64, ge=32, le=512)
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    n_pairs: int = Field(300, ge=0)
+
+    @field_validator("split")
+    @classmethod
+    def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if min(v) <= 0 or abs(sum(v) - 1.0) > 1e-6:
+            raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {list(v)}")
+        return v
+
+
+class EncoderParams(Strict):
+    """The embedded offline CLIP-like model (image CNN aligned to frozen all-MiniLM-L6-v2)."""
+
+    kind: Literal["embedded"] = "embedded"
+    embed_dim: int = Field(64, ge=4, le=1024)
+    width: int = Field(32, ge=4)
+    epochs: int = Field(15, ge=1)
+    batch_size: int = Field(128, ge=2)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+
+
+class ExtractParams(Strict):
+    batch_size: int = Field(256, ge=1)
+    chunk_rows: int = Field(4096, ge=1)
+
+
+class TrainParams(Strict):
+    """TrainSettings of pipeline.train, shared by every method (per-method overrides under methods.<m>.train)."""
+
+    batch_size: int = Field(256, ge=1)
+    epochs: int = Field(20, ge=1)
+    lr: float = Field(5e-4, gt=0)
+    warmup_frac: float = Field(0.05, ge=0, le=1)
+    min_lr_frac: float = Field(0.1, ge=0, le=1)
+    grad_clip: float = Field(1.0, ge=0)
+    patience: int = Field(3, ge=1)
+    init_samples: int = Field(20_000, ge=1)
+    device: str = "auto"
+
+
+class TrainOverrides(Strict):
+    batch_size: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+    warmup_frac: float | None = Field(None, ge=0, le=1)
+    min_lr_frac: float | None = Field(None, ge=0, le=1)
+    grad_clip: float | None = Field(None, ge=0)
+    patience: int | None = Field(None, ge=1)
+
+
+class RotationSweep(Strict):
+    methods: list[str] = Field(min_length=1)
+    ks: list[int] = Field(min_length=1)
+
+
+class SAESweep(Strict):
+    methods: list[str] = Field(min_length=1)
+    dict_sizes: list[int] = Field(min_length=1)
+    ks: list[int] = Field(min_length=1)
+
+
+class Sweep(Strict):
+    rotation: RotationSweep
+    sae: SAESweep
+
+
+class EvaluateParams(Strict):
+    """`ks`: the K values of the FVU-vs-K curve (rotations re-sparsify at each; SAEs use their own k)."""
+
+    ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32], min_length=1)
+    batch_size: int = Field(1024, ge=1)
+
+
+class ReportParams(Strict):
+    title: str = "CEDAR: interpretable embeddings"
+
+
+class Params(Strict):
+    seed: int = 0
+    data: DataParams = DataParams()
+    encoder: EncoderParams = EncoderParams()
+    extract: ExtractParams = ExtractParams()
+    train: TrainParams = TrainParams()
+    sweep: Sweep
+    methods: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    evaluate: EvaluateParams = EvaluateParams()
+    report: ReportParams = ReportParams()
+
+    @property
+    def d(self) -> int:
+        """The embedding dimension the models see."""
+        return self.encoder.embed_dim
+
+    @model_validator(mode="after")
+    def _check_sweep(self) -> "Params":
+        from pipeline.models import METHODS, ROTATION_METHODS
+
+        problems: list[str] = []
+        for i, method in enumerate(self.sweep.rotation.methods):
+            if method not in ROTATION_METHODS:
+                problems.append(f"sweep.rotation.methods[{i}]: {method!r} is not a rotation method ({', '.join(sorted(ROTATION_METHODS))})")
+        for i, method in enumerate(self.sweep.sae.methods):
+            if method not in METHODS or method in ROTATION_METHODS:
+                sae = sorted(set(METHODS) - ROTATION_METHODS)
+                problems.append(f"sweep.sae.methods[{i}]: {method!r} is not an SAE method ({', '.join(sae)})")
+        for i, k in enumerate(self.sweep.rotation.ks):
+            if not 1 <= k <= self.d:
+                problems.append(f"sweep.rotation.ks[{i}]: k={k} must be in 1..d={self.d} (encoder.embed_dim)")
+        for i, size in enumerate(self.sweep.sae.dict_sizes):
+            if size < 1:
+                problems.append(f"sweep.sae.dict_sizes[{i}]: dictionary size must be >= 1, got {size}")
+        for i, k in enumerate(self.sweep.sae.ks):
+            too_big = [s for s in self.sweep.sae.dict_sizes if k > s]
+            if k < 1:
+                problems.append(f"sweep.sae.ks[{i}]: k must be >= 1, got {k}")
+            elif too_big:
+                problems.append(f"sweep.sae.ks[{i}]: k={k} > dictionary size {min(too_big)} (sweep.sae.dict_sizes); every k must fit every size")
+        for name, values in [("sweep.rotation.methods", self.sweep.rotation.methods), ("sweep.sae.methods", self.sweep.sae.methods),
+                             ("sweep.rotation.ks", self.sweep.rotation.ks), ("sweep.sae.ks", self.sweep.sae.ks),
+                             ("sweep.sae.dict_sizes", self.sweep.sae.dict_sizes)]:
+            if len(set(values)) != len(values):
+                problems.append(f"{name}: duplicate values {values}")
+        for i, k in enumerate(self.evaluate.ks):
+            if k < 1:
+                problems.append(f"evaluate.ks[{i}]: k must be >= 1, got {k}")
+        swept = [*self.sweep.rotation.methods, *self.sweep.sae.methods]
+        for method in swept:
+            if method not in self.methods:
+                problems.append(f"methods.{method}: missing (every swept method needs an entry; `{method}: {{}}` uses the defaults)")
+        for method, options in self.methods.items():
+            if method not in METHODS:
+                problems.append(f"methods.{method}: unknown method (known: {', '.join(sorted(METHODS))})")
+                continue
+            problems.extend(_check_options(method, options or {}))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def method_options(self, method: str) -> dict[str, Any]:
+        """Validated constructor options of `method` (without its `train` overrides)."""
+        options = dict(self.methods.get(method) or {})
+        options.pop("train", None)
+        return options_model(method).model_validate(options).model_dump()
+
+    def train_settings(self, method: str) -> TrainSettings:
+        """The loop settings for `method`: `train:` with the method's `train:` overrides applied."""
+        overrides = TrainOverrides.model_validate((self.methods.get(method) or {}).get("train") or {})
+        merged = {**self.train.model_dump(), **overrides.model_dump(exclude_none=True)}
+        return TrainSettings(**merged, seed=self.seed, val_fraction=self.data.split[1])
+
+    def cell(self, method: str, size: int | None, k: int) -> "Run":
+        """The grid cell named on a stage's command line; a clear error if the sweep does not contain it."""
+        for run in self.runs():
+            if run.method == method and run.k == k and (run.rotation or run.size == size):
+                return run
+        raise ValueError(f"no grid cell method={method} size={size} k={k} in the params sweep")
+
+    def runs(self) -> list["Run"]:
+        """Every cell of the grid, in params order: rotations first, then SAEs."""
+        rotations = [Run(m, self.d, k, rotation=True) for m in self.sweep.rotation.methods for k in self.sweep.rotation.ks]
+        saes = [Run(m, s, k, rotation=False) for m in self.sweep.sae.methods for s in self.sweep.sae.dict_sizes for k in self.sweep.sae.ks]
+        return rotations + saes
+
+
+@dataclass(frozen=True)
+class Run:
+    """One grid cell. `name` is the DVC matrix suffix and the run's directory name."""
+
+    method: str
+    size: int
+    k: int
+    rotation: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-{self.k}" if self.rotation else f"{self.method}-{self.size}-{self.k}"
+
+
+@cache
+def options_model(method: str) -> type[BaseModel]:
+    """A pydantic model built from the keyword-only parameters of the method's class constructor."""
+    from pipeline.models import model_class
+
+    cls = model_class(method)
+    fields: dict[str, Any] = {}
+    for name, p in inspect.signature(cls.__init__).parameters.items():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            annotation = p.annotation if p.annotation is not inspect.Parameter.empty else Any
+            if isinstance(annotation, str):
+                annotation = eval(annotation, vars(inspect.getmodule(cls)))  # postponed annotations of the model module
+            fields[name] = (annotation, p.default)
+    return create_model(f"{cls.__name__}Options", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def _check_options(method: str, options: dict[str, Any]) -> list[str]:
+    if not isinstance(options, dict):
+        return [f"methods.{method}: expected a mapping of options, got {type(options).__name__}"]
+    problems: list[str] = []
+    opts = dict(options)
+    train = opts.pop("train", None)
+    try:
+        options_model(method).model_validate(opts)
+    except ValidationError as e:
+        problems.extend(_format(e, f"methods.{method}"))
+    if train is not None:
+        try:
+            TrainOverrides.model_validate(train)
+        except ValidationError as e:
+            problems.extend(_format(e, f"methods.{method}.train"))
+    return problems
+
+
+def _format(error: ValidationError, prefix: str = "") -> list[str]:
+    lines = []
+    for e in error.errors():
+        loc = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in e["loc"]).replace(".[", "[")
+        key = ".".join(p for p in (prefix, loc) if p)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        if "\n" in msg:  # our own multi-problem validator
+            lines.extend(msg.splitlines())
+        else:
+            lines.append(f"{key}: {msg}" + (f" (got {e['input']!r})" if e["type"] not in ("extra_forbidden", "missing", "value_error") else ""))
+    return lines
+
+
+def validate_params(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate a parsed params mapping; ParamsError lists every problem, one line each, prefixed by `source`."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        raise ParamsError("\n".join(f"{source}: {line}" for line in _format(e))) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml (clear errors for a missing file or broken YAML)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: no such file (run `cedar preset default` to create one)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return validate_params(raw, str(path))

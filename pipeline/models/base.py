@@ -1,0 +1,121 @@
+"""The interface every sparse model (CEDAR, rotation baselines, SAEs) implements.
+
+One training loop (`pipeline.train`) and one evaluation drive every model through this
+interface, so adding a method means adding a subclass and registering it in
+`pipeline.models.METHODS`. Models do no I/O: saving and loading live in
+`pipeline.models.checkpoint`.
+
+Conventions
+- Inputs `x` are float32 tensors of shape (n, d) in the *original* embedding space.
+- Codes are (n, n_latents). SAEs give non-negative codes; CEDAR-like rotations give
+  signed codes (`signed = True`), turned into 2*d non-negative half-axis latents by
+  `latents()` for matching and naming.
+- `progress` in [0, 1] is the fraction of the planned training steps already done; it
+  drives curricula (CEDAR's dense-to-sparse k) without the model knowing the loop.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, ClassVar, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def array_io(method: F) -> F:
+    """Let a model method take and return numpy arrays as well as tensors.
+
+    The first positional argument may be a numpy array (any float dtype): it is converted to a
+    float32 tensor on the model's device, the method runs under `torch.no_grad()`, and the
+    result comes back as a numpy array. Tensor in, tensor out is unchanged (gradients flow).
+    This is what lets notebooks call `model.encode(x_numpy, k)` on the same class the training
+    loop drives with tensors.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: "SparseModel", x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, Tensor):
+            return method(self, x, *args, **kwargs)
+        array = np.asarray(x)
+        if array.dtype.kind not in "fiu":
+            raise TypeError(f"{type(self).__name__}.{method.__name__}: expected a numeric array, got dtype {array.dtype}")
+        device = next(iter(self.parameters()), None)
+        device = device.device if device is not None else torch.device("cpu")
+        with torch.no_grad():
+            out = method(self, torch.as_tensor(array, dtype=torch.float32, device=device), *args, **kwargs)
+        return out.detach().cpu().numpy()
+
+    return wrapper  # type: ignore[return-value]
+
+
+class SparseModel(nn.Module):
+    """Base class. Subclasses set `method`, `signed`, and implement encode/decode/training_loss."""
+
+    method: ClassVar[str] = ""
+    signed: ClassVar[bool] = False
+    trainable: ClassVar[bool] = True
+
+    def __init__(self, d: int, n_latents: int, k: int) -> None:
+        super().__init__()
+        if d < 1 or n_latents < 1 or not 1 <= k <= n_latents:
+            raise ValueError(f"{self.method}: need d >= 1, n_latents >= 1, 1 <= k <= n_latents; got d={d}, n_latents={n_latents}, k={k}")
+        self.d = int(d)
+        self.n_latents = int(n_latents)
+        self.k = int(k)
+
+    # --- the interface -------------------------------------------------------------
+    def fit_init(self, x: Tensor) -> None:
+        """Data-dependent initialisation from a sample of training inputs (n, d), e.g. the mean."""
+
+    def encode(self, x: Tensor, k: int | None = None) -> Tensor:
+        """(n, d) -> (n, n_latents) codes. `k` overrides the sparsity where the method allows it."""
+        raise NotImplementedError
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """(n, n_latents) -> (n, d) reconstruction in the original space."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, k: int | None = None) -> Tensor:
+        """Reconstruction (n, d) of x through the sparse bottleneck."""
+        return self.decode(self.encode(x, k))
+
+    def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """Scalar loss for one batch and named detached statistics (must include 'l0')."""
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        """Called after backward, before the optimiser step (e.g. project decoder gradients)."""
+
+    def after_step(self) -> None:
+        """Called after the optimiser step (e.g. renormalise decoder columns, update EMAs)."""
+
+    def options(self) -> dict[str, Any]:
+        """JSON-able constructor keyword options (besides d, n_latents, k) to rebuild the model."""
+        return {}
+
+    # --- shared helpers ------------------------------------------------------------
+    def check_input(self, x: Tensor) -> None:
+        """Raise a clear error for a wrong shape or non-finite input (called by encode)."""
+        if x.ndim != 2 or x.shape[1] != self.d:
+            raise ValueError(f"{self.method}: expected input of shape (n, {self.d}), got {tuple(x.shape)}")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{self.method}: input contains NaN or infinite values")
+
+    def latents(self, codes: Tensor) -> Tensor:
+        """Non-negative latent view (n, n_latents or 2*n_latents) used for matching and naming.
+
+        Signed codes become half-axes: column i is max(c_i, 0) (the +i direction), column
+        n_latents + i is max(-c_i, 0) (the -i direction).
+        """
+        if not self.signed:
+            return codes
+        return torch.cat([codes.clamp(min=0), (-codes).clamp(min=0)], dim=1)
+
+    @property
+    def n_half_latents(self) -> int:
+        """Number of columns of `latents()`."""
+        return 2 * self.n_latents if self.signed else self.n_latents

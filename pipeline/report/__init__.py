@@ -1,0 +1,1 @@
+"""The self-contained HTML report: figures (`figures.py`) and the page (`render.py`, jinja2 templates)."""

@@ -1,0 +1,302 @@
+"""Chunked zarr (v3) array stores: the only module that knows zarr.
+
+A store is one zarr array of rows (embeddings (n, d) float32, images (n, H, W, 3) uint8,
+labels (n, A) bool ...) with JSON attributes for provenance.
+
+Writing (`StoreWriter`):
+- rows are appended in batches of any size and written in whole chunks; the number of rows
+  durably written (`rows_committed`, a multiple of the chunk length) is recorded after each
+  chunk, so a killed writer resumes from its last complete chunk;
+- everything happens in a `<name>.partial` sibling; `finalize()` trims the array, marks it
+  complete and renames it into place, so a finished-looking store is always a complete one;
+- a partial store whose `fingerprint` (what it is computed from: inputs and params) differs
+  from the new writer's is discarded rather than resumed.
+
+Reading (`open_store`, `Store`): row ranges, batch iteration and shuffled batch streams that
+never hold more than a few chunks in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec
+from zarr.storage import LocalStore
+
+log = logging.getLogger(__name__)
+
+TARGET_CHUNK_BYTES = 2 << 20  # ~2 MiB per chunk: large enough for fast I/O, small enough to resume cheaply
+
+
+class StoreError(RuntimeError):
+    """A store is missing, incomplete or does not match what the caller expects."""
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(path.name + ".partial")
+
+
+def default_chunk_rows(row_shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Rows per chunk so that a chunk is about TARGET_CHUNK_BYTES."""
+    row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return max(1, TARGET_CHUNK_BYTES // max(row_bytes, 1))
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory `src` onto `dst`, replacing an existing `dst` (old copy removed after the swap)."""
+    src, dst = Path(src), Path(dst)
+    old = dst.with_name(dst.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+class StoreWriter:
+    """Append rows to a new (or resumed) store at `path`; call `finalize()` when done.
+
+    row_shape/dtype: shape and dtype of one row. expected_rows: the final length if known
+    (the array is preallocated; otherwise it grows chunk by chunk). fingerprint: JSON-able
+    description of the inputs; a partial store is resumed only if it matches.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        row_shape: tuple[int, ...],
+        dtype: Any,
+        *,
+        fingerprint: dict[str, Any],
+        attrs: dict[str, Any] | None = None,
+        expected_rows: int | None = None,
+        chunk_rows: int | None = None,
+        compress: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.tmp = partial_path(self.path)
+        self.row_shape = tuple(int(s) for s in row_shape)
+        self.dtype = np.dtype(dtype)
+        self.chunk_rows = int(chunk_rows or default_chunk_rows(self.row_shape, self.dtype))
+        self.expected_rows = expected_rows
+        self.fingerprint = json.loads(json.dumps(fingerprint))
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+        self.array = self._open_or_create(attrs or {}, compress)
+        self.rows_committed = int(self.array.attrs["rows_committed"])
+        if self.rows_committed:
+            log.info("%s: resuming after %d rows already written", self.path, self.rows_committed)
+
+    def _open_or_create(self, attrs: dict[str, Any], compress: bool) -> zarr.Array:
+        if self.tmp.exists():
+            try:
+                array = zarr.open_array(LocalStore(self.tmp), mode="r+")
+                same = (
+                    array.attrs.get("fingerprint") == self.fingerprint
+                    and tuple(array.shape[1:]) == self.row_shape
+                    and np.dtype(array.dtype) == self.dtype
+                    and array.chunks[0] == self.chunk_rows
+                )
+            except Exception as e:  # a partial store too broken to open is simply restarted
+                log.warning("%s: unreadable partial store (%s); starting over", self.tmp, e)
+                same = False
+            if same:
+                return array
+            log.info("%s: partial store is from other inputs; starting over", self.tmp)
+            shutil.rmtree(self.tmp)
+        self.tmp.parent.mkdir(parents=True, exist_ok=True)
+        initial = self.expected_rows or 0
+        return zarr.create_array(
+            store=LocalStore(self.tmp),
+            shape=(initial, *self.row_shape),
+            chunks=(self.chunk_rows, *self.row_shape),
+            dtype=self.dtype,
+            compressors=[BloscCodec(cname="zstd", clevel=3)] if compress else None,
+            fill_value=0,
+            attributes={**attrs, "fingerprint": self.fingerprint, "rows_committed": 0, "complete": False},
+        )
+
+    @property
+    def n_rows(self) -> int:
+        """Rows accepted so far (committed plus buffered): where the caller's input should continue."""
+        return self.rows_committed + self._buffered
+
+    def append(self, batch: np.ndarray) -> None:
+        """Add rows (b, *row_shape); written to disk whenever a whole chunk is available."""
+        batch = np.asarray(batch)
+        if batch.shape[1:] != self.row_shape:
+            raise ValueError(f"{self.path}: rows of shape {self.row_shape} expected, got a batch of shape {batch.shape}")
+        if batch.dtype.kind == "f" and not np.isfinite(batch).all():
+            raise ValueError(f"{self.path}: batch contains NaN or infinite values (rows {self.n_rows}..{self.n_rows + len(batch)})")
+        if self.expected_rows is not None and self.n_rows + len(batch) > self.expected_rows:
+            raise ValueError(f"{self.path}: more rows than the expected {self.expected_rows}")
+        self._buffer.append(batch.astype(self.dtype, copy=False))
+        self._buffered += len(batch)
+        if self._buffered >= self.chunk_rows:
+            self._flush(whole_chunks_only=True)
+
+    def _flush(self, whole_chunks_only: bool) -> None:
+        if not self._buffered:
+            return
+        data = np.concatenate(self._buffer)
+        n = (len(data) // self.chunk_rows) * self.chunk_rows if whole_chunks_only else len(data)
+        if n == 0:
+            return
+        start, stop = self.rows_committed, self.rows_committed + n
+        if self.array.shape[0] < stop:
+            grow = max(stop, self.array.shape[0] + self.chunk_rows)
+            self.array.resize((grow, *self.row_shape))
+        self.array[start:stop] = data[:n]
+        self.rows_committed = stop
+        self.array.attrs["rows_committed"] = stop  # durable marker written after the chunk data
+        rest = data[n:]
+        self._buffer = [rest] if len(rest) else []
+        self._buffered = len(rest)
+
+    def finalize(self, extra_attrs: dict[str, Any] | None = None) -> "Store":
+        """Write what is buffered, trim to length, mark complete and rename into place."""
+        self._flush(whole_chunks_only=False)
+        if self.expected_rows is not None and self.rows_committed != self.expected_rows:
+            raise StoreError(f"{self.path}: {self.rows_committed} rows written, {self.expected_rows} expected")
+        if self.array.shape[0] != self.rows_committed:
+            self.array.resize((self.rows_committed, *self.row_shape))
+        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        replace_dir(self.tmp, self.path)
+        return open_store(self.path)
+
+
+def write_array(path: str | Path, data: np.ndarray, *, fingerprint: dict[str, Any], attrs: dict[str, Any] | None = None, chunk_rows: int | None = None) -> "Store":
+    """Write a whole in-memory array as a complete store (small arrays: labels, splits, vocab embeddings)."""
+    data = np.asarray(data)
+    writer = StoreWriter(path, data.shape[1:], data.dtype, fingerprint=fingerprint, attrs=attrs, expected_rows=len(data), chunk_rows=chunk_rows)
+    if writer.rows_committed:  # a resumed partial copy of the same data: rewrite it whole, it is small
+        shutil.rmtree(writer.tmp)
+        writer = StoreWriter(path, data.shape[1:], data.dtype, fingerprint=fingerprint, attrs=attrs, expected_rows=len(data), chunk_rows=chunk_rows)
+    writer.append(data)
+    return writer.finalize()
+
+
+class Store:
+    """Read-only view of a complete store."""
+
+    def __init__(self, path: Path, array: zarr.Array) -> None:
+        self.path = path
+        self.array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.array.chunks[0])
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.array.attrs.asdict()
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) as a numpy array."""
+        return np.asarray(self.array[start:stop])
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows at sorted-or-not integer indices (reads only the chunks they fall in)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows)
+        out = np.asarray(self.array.get_orthogonal_selection((rows[order],) + (slice(None),) * (self.array.ndim - 1)))
+        result = np.empty_like(out)
+        result[order] = out
+        return result
+
+    def iter_batches(self, batch_size: int, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """Batches in row order, reading one chunk-aligned block at a time; `rows` (bool mask or indices) selects a subset."""
+        mask = _mask(rows, len(self))
+        block = max(self.chunk_rows, (batch_size // self.chunk_rows + 1) * self.chunk_rows)
+        pending: list[np.ndarray] = []
+        n_pending = 0
+        for start in range(0, len(self), block):
+            data = self.read(start, start + block)
+            if mask is not None:
+                data = data[mask[start : start + block]]
+            pending.append(data)
+            n_pending += len(data)
+            while n_pending >= batch_size:
+                joined = np.concatenate(pending)
+                yield joined[:batch_size]
+                pending, n_pending = [joined[batch_size:]], n_pending - batch_size
+        if n_pending:
+            yield np.concatenate(pending)
+
+    def shuffled_batches(self, batch_size: int, seed: int, rows: np.ndarray | None = None, buffer_chunks: int = 8):
+        """A BatchSource (epoch -> batches) with a shuffle buffer over chunks: chunk order is permuted,
+        `buffer_chunks` chunks are loaded together and their rows permuted. Memory stays bounded by
+        the buffer; the order depends only on (seed, epoch)."""
+        mask = _mask(rows, len(self))
+        n_chunks = -(-len(self) // self.chunk_rows)
+
+        def batches(epoch: int) -> Iterator[np.ndarray]:
+            rng = np.random.default_rng([seed, epoch])
+            order = rng.permutation(n_chunks)
+            carry = np.empty((0, *self.shape[1:]), dtype=self.dtype)
+            for group_start in range(0, n_chunks, buffer_chunks):
+                parts = [carry]
+                for c in order[group_start : group_start + buffer_chunks]:
+                    lo, hi = c * self.chunk_rows, min((c + 1) * self.chunk_rows, len(self))
+                    data = self.read(lo, hi)
+                    parts.append(data if mask is None else data[mask[lo:hi]])
+                pool = np.concatenate(parts)
+                pool = pool[rng.permutation(len(pool))]
+                n_full = (len(pool) // batch_size) * batch_size
+                for start in range(0, n_full, batch_size):
+                    yield pool[start : start + batch_size]
+                carry = pool[n_full:]
+            if len(carry):
+                yield carry
+
+        return batches
+
+
+def _mask(rows: np.ndarray | None, n: int) -> np.ndarray | None:
+    if rows is None:
+        return None
+    rows = np.asarray(rows)
+    if rows.dtype == bool:
+        if rows.shape != (n,):
+            raise ValueError(f"row mask of shape {rows.shape} does not match a store of {n} rows")
+        return rows
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    return mask
+
+
+def open_store(path: str | Path) -> Store:
+    """Open a complete store for reading; a clear error if it is missing or was never finalised."""
+    path = Path(path)
+    if not path.exists():
+        hint = " (an unfinished write exists: rerun the stage that produces it)" if partial_path(path).exists() else ""
+        raise StoreError(f"{path}: no such store{hint}")
+    try:
+        array = zarr.open_array(LocalStore(path, read_only=True), mode="r")
+    except Exception as e:
+        raise StoreError(f"{path}: not a readable zarr array ({e})") from None
+    if not array.attrs.get("complete", False):
+        raise StoreError(f"{path}: store is incomplete (its writer never finalised it)")
+    return Store(path, array)

@@ -1,0 +1,45 @@
+"""What every stage's `main` shares: argv parsing of --params/--root, logging, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipeline.config import ParamsError
+from pipeline.store import StoreError
+
+#: exceptions that are the user's input problems: reported as one line, exit status 2, no traceback.
+USER_ERRORS = (ParamsError, StoreError, FileNotFoundError, ValueError, KeyError)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    p.add_argument("--root", type=Path, default=Path("."), help="project root holding store/ and reports/")
+    return p
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def run_main(name: str, body: Callable[[], object]) -> int:
+    """Run a stage body; user errors become `error: <stage>: <message>` on stderr and exit code 2."""
+    setup_logging()
+    try:
+        body()
+    except USER_ERRORS as e:
+        message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {name}: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+__all__: Sequence[str] = ["parser", "run_main", "exit_with", "setup_logging"]

@@ -1,0 +1,81 @@
+"""Stage `extract`: embed images, the concept vocabulary and both sides of every benchmark pair into zarr stores.
+
+Outputs in store/embeddings/: images.zarr (n, d), concepts.zarr (V, d), pairs_before.zarr and
+pairs_after.zarr (p, d), each float32 with provenance attributes (encoder id, dataset, params).
+Work happens in store/embeddings.tmp/ (kept if the stage is killed): a rerun resumes every
+store from its last complete chunk, then the directory is renamed into place.
+Reads params: extract.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from pipeline.config import Params, load_params
+from pipeline.dataset import open_dataset
+from pipeline.encoders.base import Encoder
+from pipeline.encoders.embedded import load_embedded
+from pipeline.paths import Layout
+from pipeline.provenance import code_version, digest
+from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir, write_array
+from stages._cli import exit_with, parser, run_main
+
+log = logging.getLogger(__name__)
+
+
+def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, fingerprint: dict[str, Any], attrs: dict[str, Any], desc: str) -> None:
+    """Stream `images` (uint8 (n, H, W, 3)) through the encoder into a float32 (n, d) store, resumably.
+
+    A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept.
+    """
+    if out.exists():
+        try:
+            if open_store(out).attrs.get("fingerprint") == json.loads(json.dumps(fingerprint)):
+                log.info("%s: already complete, kept", out)
+                return
+        except StoreError:
+            pass
+    writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images))
+    with tqdm(total=len(images), initial=writer.n_rows, desc=desc, unit="img") as bar:
+        for start in range(writer.n_rows, len(images), batch_size):
+            batch = images.read(start, start + batch_size)
+            writer.append(encoder.encode_images(batch, batch_size=batch_size))
+            bar.update(len(batch))
+    writer.finalize()
+
+
+def run(params: Params, layout: Layout) -> None:
+    data = open_dataset(layout.data)
+    encoder = load_embedded(layout.encoder)
+    tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "batch_size": params.extract.batch_size}
+    attrs = {"producer": "stages.extract", "code": code_version(layout.root), "encoder": encoder.id, "dim": encoder.dim}
+    bs = params.extract.batch_size
+    embed_store(encoder, data.images, tmp / "images.zarr", bs, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
+    pairs = data.pairs
+    embed_store(encoder, pairs.before, tmp / "pairs_before.zarr", bs, {**base, "what": "pairs_before"}, {**attrs, "rows": "pairs (before)"}, "pairs before")
+    embed_store(encoder, pairs.after, tmp / "pairs_after.zarr", bs, {**base, "what": "pairs_after"}, {**attrs, "rows": "pairs (after)"}, "pairs after")
+    if encoder.has_text:
+        vocab = data.vocabulary
+        write_array(tmp / "concepts.zarr", encoder.encode_texts(vocab, batch_size=bs), fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)},
+                    attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
+    else:
+        log.warning("encoder %s has no text tower: concept naming will be unavailable", encoder.id)
+    replace_dir(tmp, layout.embeddings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    return run_main("extract", lambda: run(load_params(args.params), Layout(args.root)))
+
+
+if __name__ == "__main__":
+    exit_with(main())

@@ -1,0 +1,60 @@
+"""Stage `report`: the self-contained HTML report from the metrics the earlier stages wrote.
+
+Reads store/metrics/encoder.json, store/eval/*/metrics.json and fvu_curve.json, store/data/meta.json
+and params.yaml; writes reports/index.html (atomically). Recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from pipeline.config import Params, load_params
+from pipeline.dataset import open_dataset
+from pipeline.paths import Layout
+from pipeline.provenance import code_version
+from pipeline.report import figures
+from pipeline.report.render import ReportData, render
+from stages._cli import exit_with, parser, run_main
+
+log = logging.getLogger(__name__)
+
+
+def run(params: Params, layout: Layout, params_text: str) -> str:
+    data = open_dataset(layout.data)
+    encoder = json.loads(layout.encoder_metrics.read_text())
+    runs, curves = [], []
+    for cell in params.runs():
+        directory = layout.evals / cell.name
+        if not (directory / "metrics.json").is_file():
+            raise FileNotFoundError(f"{directory / 'metrics.json'}: missing; run `dvc repro` (evaluate@{cell.name})")
+        metrics = json.loads((directory / "metrics.json").read_text())
+        runs.append(metrics)
+        for point in json.loads((directory / "fvu_curve.json").read_text()):
+            curves.append({**point, "size": metrics["size"], "rotation": cell.rotation})
+    report = ReportData(
+        title=params.report.title,
+        code_version=code_version(layout.root),
+        params_yaml=params_text,
+        dataset={"kind": data.kind, "n": data.meta["n"], "n_attributes": len(data.attribute_names)},
+        encoder=encoder,
+        runs=runs,
+        figures={"fvu_vs_k": figures.fvu_vs_k(curves), "zero_shot": figures.zero_shot(encoder["zero_shot"])},
+    )
+    html = render(report)
+    layout.report.parent.mkdir(parents=True, exist_ok=True)
+    tmp = layout.report.with_name(layout.report.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, layout.report)
+    log.info("wrote %s (%d runs)", layout.report, len(runs))
+    return html
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    return run_main("report", lambda: run(load_params(args.params), Layout(args.root), args.params.read_text()))
+
+
+if __name__ == "__main__":
+    exit_with(main())

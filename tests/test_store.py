@@ -1,0 +1,104 @@
+"""pipeline.store: chunked writes, atomic finalise, resume from the last complete chunk, streaming reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.store import StoreError, StoreWriter, open_store, partial_path, write_array
+
+
+def rows(n: int, d: int = 3, start: int = 0) -> np.ndarray:
+    return (np.arange(start, start + n, dtype=np.float32)[:, None] * 10 + np.arange(d, dtype=np.float32)).astype(np.float32)
+
+
+def test_append_in_odd_batches_gives_the_same_rows(tmp_path):
+    path = tmp_path / "x.zarr"
+    writer = StoreWriter(path, (3,), np.float32, fingerprint={"a": 1}, chunk_rows=4)
+    for start, stop in [(0, 3), (3, 4), (4, 11), (11, 13)]:
+        writer.append(rows(stop - start, start=start))
+    assert not path.exists(), "nothing may look finished before finalize()"
+    store = writer.finalize({"note": "hello"})
+    assert store.shape == (13, 3)
+    np.testing.assert_array_equal(store.read(), rows(13))
+    assert store.attrs["note"] == "hello" and store.attrs["complete"] is True and store.attrs["n_rows"] == 13
+    assert not partial_path(path).exists()
+
+
+def test_expected_rows_are_enforced(tmp_path):
+    writer = StoreWriter(tmp_path / "x.zarr", (3,), np.float32, fingerprint={}, expected_rows=5, chunk_rows=2)
+    writer.append(rows(4))
+    with pytest.raises(StoreError, match="4 rows written, 5 expected"):
+        writer.finalize()
+    with pytest.raises(ValueError, match="more rows than the expected 5"):
+        writer.append(rows(2))
+
+
+def test_resume_continues_from_last_complete_chunk(tmp_path):
+    path = tmp_path / "x.zarr"
+    crashed = StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4)
+    crashed.append(rows(10))  # 8 rows durable (two chunks), 2 buffered and lost in the "crash"
+    del crashed
+    resumed = StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4)
+    assert resumed.n_rows == 8
+    resumed.append(rows(6, start=8))
+    np.testing.assert_array_equal(resumed.finalize().read(), rows(14))
+
+
+def test_partial_store_from_other_inputs_is_discarded(tmp_path):
+    path = tmp_path / "x.zarr"
+    StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=2).append(rows(4))
+    fresh = StoreWriter(path, (3,), np.float32, fingerprint={"v": 2}, chunk_rows=2)
+    assert fresh.n_rows == 0
+
+
+def test_bad_rows_are_rejected_with_the_store_named(tmp_path):
+    writer = StoreWriter(tmp_path / "x.zarr", (3,), np.float32, fingerprint={})
+    with pytest.raises(ValueError, match=r"x.zarr: rows of shape \(3,\) expected"):
+        writer.append(np.zeros((2, 4), np.float32))
+    bad = rows(2)
+    bad[1, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        writer.append(bad)
+
+
+def test_open_missing_or_incomplete_store_fails_clearly(tmp_path):
+    with pytest.raises(StoreError, match="no such store"):
+        open_store(tmp_path / "nope.zarr")
+    StoreWriter(tmp_path / "half.zarr", (3,), np.float32, fingerprint={}, chunk_rows=2).append(rows(4))
+    with pytest.raises(StoreError, match="unfinished write exists"):
+        open_store(tmp_path / "half.zarr")
+
+
+def test_finalize_replaces_an_existing_store(tmp_path):
+    path = tmp_path / "x.zarr"
+    write_array(path, rows(5), fingerprint={"v": 1})
+    write_array(path, rows(2, start=7), fingerprint={"v": 2})
+    np.testing.assert_array_equal(open_store(path).read(), rows(2, start=7))
+
+
+def test_iter_batches_and_take_respect_row_selection(tmp_path):
+    store = write_array(tmp_path / "x.zarr", rows(23), fingerprint={}, chunk_rows=4)
+    batches = list(store.iter_batches(5))
+    assert [len(b) for b in batches] == [5, 5, 5, 5, 3]
+    np.testing.assert_array_equal(np.concatenate(batches), rows(23))
+    subset = np.array([1, 2, 7, 8, 20])
+    np.testing.assert_array_equal(np.concatenate(list(store.iter_batches(2, rows=subset))), rows(23)[subset])
+    np.testing.assert_array_equal(store.take(np.array([20, 1, 7])), rows(23)[[20, 1, 7]])
+
+
+def test_shuffled_batches_cover_the_selection_once_and_repeat_per_seed(tmp_path):
+    store = write_array(tmp_path / "x.zarr", rows(50, d=1), fingerprint={}, chunk_rows=4)
+    train = np.arange(50) % 5 != 0  # 40 rows
+    source = store.shuffled_batches(8, seed=3, rows=train, buffer_chunks=3)
+    epoch0 = np.concatenate(list(source(0)))[:, 0]
+    assert sorted(epoch0.tolist()) == sorted(rows(50, d=1)[train, 0].tolist())
+    np.testing.assert_array_equal(epoch0, np.concatenate(list(store.shuffled_batches(8, seed=3, rows=train, buffer_chunks=3)(0)))[:, 0])
+    assert not np.array_equal(epoch0, np.concatenate(list(source(1)))[:, 0])
+    assert not np.array_equal(epoch0, np.sort(epoch0)), "rows must be shuffled"
+
+
+def test_empty_store_is_valid(tmp_path):
+    store = write_array(tmp_path / "e.zarr", np.zeros((0, 4, 4, 3), np.uint8), fingerprint={})
+    assert store.shape == (0, 4, 4, 3)
+    assert list(store.iter_batches(2)) == []
