@@ -1,0 +1,13 @@
+"""Evaluation metrics: pure numpy/scikit-learn functions, no I/O, no torch.
+
+Modules (import them directly; this package imports nothing heavy on purpose):
+
+- `reconstruction`: FVU, L0 (K), dead-latent fraction, and a streaming float64 accumulator.
+- `cknna`: mutual-kNN kernel alignment (CKNNA) between codes/reconstructions and embeddings.
+- `probe`: linear-probe cross-entropy on originals vs reconstructions, and their KL.
+- `fms`: Feature Monosemanticity Score (decision trees on codes per concept).
+- `matching`: one-to-one matching and FBMP coalitions of binarised latents to attributes; MATCHScore.
+- `tapas`: TAPAScore and Delta-stay on paired (edited) images.
+
+Definitions follow SPEC.md sections B and C.
+"""

@@ -1,0 +1,118 @@
+"""CKNNA: centred kernel nearest-neighbour alignment (Huh et al. 2024, SPEC.md C).
+
+Linear kernels K = A A^T and L = B B^T over the same n items. Each row keeps its k nearest
+neighbours under a kernel (largest kernel values, the diagonal excluded). Similarity between two
+kernels = unbiased HSIC of the kernels restricted to the pairs that are neighbours under *both*:
+
+    HSIC_u(K, L) = [tr(K L) + (1'K1)(1'L1)/((n-1)(n-2)) - 2 1'K L 1/(n-2)] / (n(n-3))
+
+computed on the masked kernels with zeroed diagonals, and
+
+    CKNNA = s(K, L) / sqrt(s(K, K) s(L, L)).
+
+Which mask enters s(K, K) and s(L, L): we follow the published implementation (the `cknna`
+alignment metric of the platonic-representation repository, `similarity(K, K, topk)`): every
+s(., .) builds its own mutual-kNN mask from the two kernels it compares. So s(K, K) uses K's own
+kNN mask (the intersection of K's neighbourhoods with themselves) and s(L, L) uses L's own
+mask; only s(K, L) uses the mutual mask. This makes CKNNA(a, a) = 1 exactly.
+Other choices, also as published: the mask is per row (not symmetrised), neighbours are taken
+on the kernel value (inner product, not a distance), both in float64 here. Two deviations,
+both documented: ties between equal kernel values go to the lower column index (a stable sort;
+the published torch.topk leaves ties unspecified), and there is no `+1e-6` in the denominator —
+when s(K, K) s(L, L) <= 0 the result is NaN (logged) instead of a silently shrunken number.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def _check(name: str, array: np.ndarray) -> None:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(array).__name__}")
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{name}: expected a non-empty 2-D array (n, dim), got shape {array.shape}")
+    if array.dtype.kind not in "fiub":
+        raise TypeError(f"{name}: expected a numeric array, got dtype {array.dtype}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ValueError(f"{name}: contains NaN or infinite values")
+
+
+def _knn_mask(kernel: np.ndarray, k: int) -> np.ndarray:
+    """(n, n) bool: True at the k largest off-diagonal entries of each row (ties: lower index)."""
+    n = kernel.shape[0]
+    scores = kernel.copy()
+    np.fill_diagonal(scores, -np.inf)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    mask = np.zeros((n, n), dtype=bool)
+    np.put_along_axis(mask, order, True, axis=1)
+    return mask
+
+
+def hsic_unbiased(k_mat: np.ndarray, l_mat: np.ndarray) -> float:
+    """Unbiased HSIC (Song et al. 2012) of two (n, n) kernels; diagonals are zeroed first. O(n^2).
+
+    Uses tr(K L) = sum(K * L^T) and 1'K L 1 = (1'K)(L 1), so no n^3 matrix product is formed.
+    """
+    n = k_mat.shape[0]
+    if n < 4:
+        raise ValueError(f"n: unbiased HSIC needs at least 4 items, got {n}")
+    kt = k_mat.astype(np.float64, copy=True)
+    lt = l_mat.astype(np.float64, copy=True)
+    np.fill_diagonal(kt, 0.0)
+    np.fill_diagonal(lt, 0.0)
+    trace_kl = float(np.sum(kt * lt.T))
+    sum_k = float(kt.sum())
+    sum_l = float(lt.sum())
+    one_kl_one = float(kt.sum(axis=0) @ lt.sum(axis=1))
+    value = trace_kl + sum_k * sum_l / ((n - 1) * (n - 2)) - 2.0 * one_kl_one / (n - 2)
+    return value / (n * (n - 3))
+
+
+def _masked_similarity(k_mat: np.ndarray, l_mat: np.ndarray, mask_k: np.ndarray, mask_l: np.ndarray) -> float:
+    mask = mask_k & mask_l
+    return hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
+
+
+def cknna(a: np.ndarray, b: np.ndarray, k: int = 10, max_n: int | None = 2000, seed: int = 0) -> float:
+    """CKNNA between two representations of the same items.
+
+    a: (n, d_a), b: (n, d_b) numeric arrays, row i of both = item i (e.g. codes or
+    reconstructions vs the embeddings). k: neighbours per row, 1 <= k <= n - 1 (after
+    subsampling). max_n: when n > max_n, a random subset of max_n rows (the same for a and b,
+    drawn with `seed`) is used, because the metric is O(n^2) in time and memory; None = all rows.
+    Returns a float in [-1, 1] in practice (NaN when a self-similarity is not positive).
+    """
+    _check("a", a)
+    _check("b", b)
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"b: expected {a.shape[0]} rows like a, got shape {b.shape}")
+    if max_n is not None and (not isinstance(max_n, (int, np.integer)) or max_n < 4):
+        raise ValueError(f"max_n: expected None or an int >= 4, got {max_n!r}")
+    n = a.shape[0]
+    if max_n is not None and n > max_n:
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False))
+        a, b = a[rows], b[rows]
+        n = max_n
+    if n < 4:
+        raise ValueError(f"a: CKNNA needs at least 4 rows, got {n}")
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= n - 1:
+        raise ValueError(f"k: expected an int in [1, {n - 1}] (n - 1 neighbours exist), got {k!r}")
+    a64 = a.astype(np.float64, copy=False)
+    b64 = b.astype(np.float64, copy=False)
+    k_mat = a64 @ a64.T
+    l_mat = b64 @ b64.T
+    mask_k = _knn_mask(k_mat, k)
+    mask_l = _knn_mask(l_mat, k)
+    s_kl = _masked_similarity(k_mat, l_mat, mask_k, mask_l)
+    s_kk = _masked_similarity(k_mat, k_mat, mask_k, mask_k)
+    s_ll = _masked_similarity(l_mat, l_mat, mask_l, mask_l)
+    denom = s_kk * s_ll
+    if not denom > 0.0:
+        logger.warning("cknna: self-similarity product %.3g is not positive; returning NaN", denom)
+        return float("nan")
+    return float(s_kl / np.sqrt(denom))

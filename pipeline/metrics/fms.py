@@ -1,0 +1,247 @@
+"""Feature Monosemanticity Score (FMS), Härle et al. 2025, "Measuring and guiding monosemanticity".
+
+Published definition (paper and the authors' evaluation code), per binary concept c:
+
+- A depth-unrestricted decision tree (Gini) is fitted on the codes. `accs_0` = accuracy of the
+  root split alone (the tree cut after its first split; each side predicts its majority class):
+  how well the single best latent captures the concept (feature capacity).
+- Global disentanglement: with `accs_cum_i` the accuracy of the same tree cut after depth
+  i = 2 .. D (D = the tree's depth), `A = sum_i (accs_cum_i - accs_0)` and
+  `FMS_global = 1 - A / (D - 1)`: deeper levels should add nothing for a monosemantic latent.
+- Local disentanglement: remove the root latent and refit; repeat p times (each time removing
+  the newest root latent). `accs_p` = root-split accuracy after p removals and
+  `FMS_local@p = 2 (accs_0 - accs_p)`: a monosemantic concept falls to chance once its latent
+  is gone (the factor 2 maps a drop from 1 to 0.5 — chance on balanced data — onto 1).
+- `FMS@p = accs_0 (FMS_local@p + FMS_global) / 2`, averaged over concepts.
+
+Choices, documented:
+- Accuracies are in-sample (the tree is evaluated on the rows it was fitted on), as published:
+  the score measures how the concept is *organised* in the codes, not generalisation.
+- Truncated-tree accuracy is computed exactly from the node class counts: every row sits in the
+  node it reaches at the cut depth (or in a shallower leaf) and gets that node's majority class.
+  (The published code counts rows in shallower leaves as correct, which equals this for the pure
+  leaves of a fully grown tree.)
+- The published notebook averages over every tree level except the root split, including the
+  no-split level (majority-class accuracy) — that term is negative and inflates FMS_global. We
+  follow the paper's formula (levels 2 .. D only). A tree of depth <= 1 gets FMS_global = 1.
+- Removal = zeroing the latent's column (as published); a zeroed column is constant and can no
+  longer split. Each refit is a stump (max_depth=1): only its root split is read, which is the
+  same split a deeper tree would choose first. When no latent can split any more, further
+  removals leave the accuracy at the majority-class rate.
+- Local and global terms are not clipped (the published notebook does not clip): a later root
+  split can be more accurate than the Gini-chosen first one, making FMS_local slightly negative.
+- Class balance (our choice, `balanced=True` by default): per concept we use every positive and
+  as many randomly drawn negatives (at most max_n / 2 of each). The factor 2 in FMS_local maps a
+  fall to chance = 1/2 onto 1, which presumes balanced classes (the authors' code also offers
+  balanced concept sets). On imbalanced attributes (CUB, COCO: many under 5% prevalence) the majority
+  rate is close to 1, so even a perfect single latent would get FMS_local near 0 and FMS near
+  1/2. `balanced=False` keeps the data's class ratio (one shared uniform subsample).
+- Concepts with a single class on their rows have no score: NaN, excluded from the mean, with
+  a warning.
+- Subsampling: at most `max_n` rows per concept (default 5000), drawn without replacement with
+  a generator seeded by (seed, concept index), so a concept's rows do not depend on the others
+  (balanced=False: one uniform subsample drawn with `seed`). Cost is one deep tree plus p stumps
+  per concept; measured at 5000 x 4096 with 1% non-zeros (sparse path, one core): ~0.5 s for a
+  concept one latent explains (depth 1), ~5 s for a concept no latent explains (the tree grows
+  ~300 levels deep fitting noise). Budget that per concept when choosing max_n.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from sklearn.tree import DecisionTreeClassifier
+
+logger = logging.getLogger(__name__)
+
+# Codes with at most this fraction of non-zeros are handed to the trees as CSC sparse matrices:
+# scikit-learn's sparse splitter skips the zeros and is ~30x faster on SAE-like codes
+# (5000 x 4096 at 1% density: 3 s instead of 110 s for a deep tree), with the same splits.
+_SPARSE_DENSITY = 0.25
+
+
+@dataclass
+class FMSResult:
+    """FMS over concepts. Per-concept arrays are (n_concepts,), NaN for constant-label concepts.
+
+    fms: mean FMS@p over scored concepts. per_concept: FMS@p. root_accuracy: accs_0.
+    local: FMS_local@p. global_: FMS_global. root_feature: the root latent (-1 if none).
+    depth: depth of the full tree. cut_accuracy: (n_concepts, p + 1) root-split accuracy after
+    0 .. p removals (column 0 = accs_0). p: removals used for the local term.
+    n_rows: (n_concepts,) int, rows the trees saw for each concept.
+    """
+
+    fms: float
+    per_concept: np.ndarray
+    root_accuracy: np.ndarray
+    local: np.ndarray
+    global_: np.ndarray
+    root_feature: np.ndarray
+    depth: np.ndarray
+    cut_accuracy: np.ndarray
+    p: int
+    n_rows: np.ndarray
+
+
+def _node_depths(tree: object) -> np.ndarray:
+    """Depth of every node (root = 0), walking the tree level by level."""
+    left, right = tree.children_left, tree.children_right  # type: ignore[attr-defined]
+    depth = np.zeros(left.size, dtype=np.int64)
+    frontier = np.array([0])
+    level = 0
+    while frontier.size:
+        kids = np.concatenate([left[frontier], right[frontier]])
+        kids = kids[kids >= 0]
+        level += 1
+        depth[kids] = level
+        frontier = kids
+    return depth
+
+
+def truncated_accuracies(clf: DecisionTreeClassifier) -> np.ndarray:
+    """In-sample accuracy of a fitted tree cut after depth 1 .. D (D = clf.get_depth(), >= 1).
+
+    Returns a (max(D, 1),) float64 array; entry i-1 is the accuracy when the rows stop at depth i
+    (or at a shallower leaf) and take the majority class of their node. Entry 0 = root split alone.
+    """
+    tree = clf.tree_
+    is_leaf = tree.children_left < 0
+    depth = _node_depths(tree)
+    # tree_.value holds class fractions in recent scikit-learn; weighted_n_node_samples turns them into counts.
+    counts = tree.weighted_n_node_samples[:, None] * tree.value[:, 0, :]
+    correct = np.rint(counts.max(axis=1))
+    total = tree.weighted_n_node_samples[0]
+    max_depth = max(int(depth.max()), 1)
+    levels = np.arange(1, max_depth + 1)
+    frontier = (depth[None, :] == levels[:, None]) | (is_leaf[None, :] & (depth[None, :] < levels[:, None]))
+    return (frontier @ correct) / total
+
+
+Codes = np.ndarray | sparse.csc_matrix
+
+
+def _zero_column(x: Codes, column: int) -> None:
+    """Remove latent `column` in place (its values become 0, i.e. inactive)."""
+    if sparse.issparse(x):
+        x.data[x.indptr[column] : x.indptr[column + 1]] = 0.0
+        x.eliminate_zeros()
+    else:
+        x[:, column] = 0.0
+
+
+def _root_split_accuracy(x: Codes, y: np.ndarray, seed: int) -> tuple[float, int]:
+    stump = DecisionTreeClassifier(criterion="gini", max_depth=1, random_state=seed).fit(x, y)
+    feature = int(stump.tree_.feature[0]) if stump.tree_.children_left[0] >= 0 else -1
+    return float(truncated_accuracies(stump)[0]), feature
+
+
+def _concept_scores(x: Codes, y: np.ndarray, p: int, seed: int) -> tuple[float, float, float, int, int, np.ndarray]:
+    """(accs_0, local, global, root feature, depth, cut accuracies) for one concept."""
+    clf = DecisionTreeClassifier(criterion="gini", max_depth=None, random_state=seed).fit(x, y)
+    depth = int(clf.get_depth())
+    acc = truncated_accuracies(clf)
+    acc0 = float(acc[0])
+    global_ = 1.0 - float(np.sum(acc[1:] - acc0)) / (acc.size - 1) if acc.size > 1 else 1.0
+    root = int(clf.tree_.feature[0]) if depth > 0 else -1
+    cuts = np.empty(p + 1)
+    cuts[0] = acc0
+    work = x.copy()
+    removed = root
+    for j in range(1, p + 1):
+        if removed < 0:
+            cuts[j:] = cuts[j - 1]
+            break
+        _zero_column(work, removed)
+        cuts[j], removed = _root_split_accuracy(work, y, seed)
+    local = 2.0 * (acc0 - float(cuts[p]))
+    return acc0, local, global_, root, depth, cuts
+
+
+def _concept_rows(y: np.ndarray, max_n: int, balanced: bool, rng: np.random.Generator) -> np.ndarray:
+    """Sorted row indices used for one concept (see the module docstring)."""
+    if not balanced:
+        if y.size <= max_n:
+            return np.arange(y.size)
+        return np.sort(rng.choice(y.size, size=max_n, replace=False))
+    pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+    m = min(pos.size, neg.size, max_n // 2)
+    return np.sort(np.concatenate([rng.choice(pos, size=m, replace=False), rng.choice(neg, size=m, replace=False)]))
+
+
+def fms(
+    codes: np.ndarray, labels: np.ndarray, max_n: int = 5000, seed: int = 0, p: int = 1, balanced: bool = True
+) -> FMSResult:
+    """Feature Monosemanticity Score FMS@p of `codes` for binary concepts.
+
+    codes: (n, n_latents) numeric, finite. labels: (n,) or (n, n_concepts) bool.
+    max_n: rows used per concept at most. seed: drives the row subsamples.
+    p: removals for the local term (the paper reports p = 1 and p = 5).
+    balanced: per concept, use every positive (up to max_n / 2) and as many randomly drawn
+    negatives (our choice, see the module docstring); False = one uniform subsample of max_n
+    rows shared by all concepts, class ratio as in the data.
+    Loops over concepts and removals (each one a tree fit); nothing loops over rows or latents.
+    """
+    if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
+        got = getattr(codes, "shape", type(codes))
+        raise ValueError(f"codes: expected a non-empty 2-D numpy array (n, n_latents), got {got}")
+    if codes.dtype.kind not in "fiub":
+        raise TypeError(f"codes: expected a numeric array, got dtype {codes.dtype}")
+    if codes.dtype.kind == "f" and not np.isfinite(codes).all():
+        raise ValueError("codes: contains NaN or infinite values")
+    if not isinstance(labels, np.ndarray) or labels.dtype != np.bool_:
+        raise TypeError(f"labels: expected a bool numpy array, got {getattr(labels, 'dtype', type(labels))}")
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    if labels.ndim != 2 or labels.shape[0] != codes.shape[0] or labels.shape[1] == 0:
+        raise ValueError(f"labels: expected shape ({codes.shape[0]},) or ({codes.shape[0]}, n_concepts), got {labels.shape}")
+    if not isinstance(max_n, (int, np.integer)) or max_n < 2:
+        raise ValueError(f"max_n: expected an int >= 2, got {max_n!r}")
+    if not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"p: expected an int >= 1, got {p!r}")
+    x_all = codes.astype(np.float32)
+    use_sparse = np.count_nonzero(x_all) <= _SPARSE_DENSITY * x_all.size
+    if use_sparse:
+        x_all = sparse.csr_matrix(x_all)  # CSR for cheap row selection; each concept's rows go to CSC
+    n_concepts = labels.shape[1]
+    acc0 = np.full(n_concepts, np.nan)
+    local = np.full(n_concepts, np.nan)
+    global_ = np.full(n_concepts, np.nan)
+    roots = np.full(n_concepts, -1, dtype=np.int64)
+    depths = np.zeros(n_concepts, dtype=np.int64)
+    cuts = np.full((n_concepts, p + 1), np.nan)
+    n_rows = np.zeros(n_concepts, dtype=np.int64)
+    shared_rows: np.ndarray | None = None
+    for c in range(n_concepts):
+        if balanced:
+            rows = _concept_rows(labels[:, c], max_n, True, np.random.default_rng([seed, c]))
+        else:
+            if shared_rows is None:
+                shared_rows = _concept_rows(labels[:, c], max_n, False, np.random.default_rng(seed))
+            rows = shared_rows
+        y = labels[rows, c]
+        n_rows[c] = rows.size
+        if y.all() or not y.any():
+            logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows.size)
+            continue
+        x = x_all[rows]
+        if use_sparse:
+            x = x.tocsc()
+        acc0[c], local[c], global_[c], roots[c], depths[c], cuts[c] = _concept_scores(x, y, int(p), seed)
+    per_concept = acc0 * (local + global_) / 2.0
+    scored = ~np.isnan(per_concept)
+    score = float(per_concept[scored].mean()) if scored.any() else float("nan")
+    return FMSResult(
+        fms=score,
+        per_concept=per_concept,
+        root_accuracy=acc0,
+        local=local,
+        global_=global_,
+        root_feature=roots,
+        depth=depths,
+        cut_accuracy=cuts,
+        p=int(p),
+        n_rows=n_rows,
+    )

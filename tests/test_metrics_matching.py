@@ -1,0 +1,151 @@
+"""Tests for pipeline.metrics.matching: one-to-one matching, FBMP coalitions, MATCHScore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import f1_score, fbeta_score
+
+from pipeline.metrics import matching
+from pipeline.metrics.matching import Matching, delta_match_score, fbmp, one_to_one
+
+
+def _hand_case() -> tuple[np.ndarray, np.ndarray]:
+    """8 images, 6 latents, 3 attributes (see the expected numbers in the tests)."""
+    rows = [
+        [1, 1, 0, 0, 0, 0, 0, 0],  # l0
+        [0, 0, 1, 0, 0, 0, 1, 0],  # l1
+        [0, 0, 0, 0, 1, 1, 1, 1],  # l2
+        [1, 1, 1, 0, 1, 1, 0, 0],  # l3
+        [0, 0, 0, 1, 1, 1, 1, 1],  # l4
+        [0, 0, 1, 0, 0, 0, 1, 0],  # l5 = l1 (a tie that l1 must win)
+    ]
+    active = np.array(rows, dtype=bool).T
+    labels = np.array(
+        [
+            [1, 1, 1, 1, 0, 0, 0, 0],  # attribute 0
+            [0, 0, 0, 0, 0, 0, 1, 1],  # attribute 1
+            [0, 0, 0, 0, 0, 0, 0, 0],  # attribute 2: no positives
+        ],
+        dtype=bool,
+    ).T
+    return active, labels
+
+
+def test_one_to_one_hand_computed_with_tie() -> None:
+    active, labels = _hand_case()
+    result = one_to_one(active, labels)
+    # Attribute 0: F1 of l0 = 2*2/(4+2) = 2/3 ties l3 = 2*3/(4+5) = 2/3 -> lower index l0.
+    # Attribute 1: l2 = 2*2/(2+4) = 2/3 beats l4 = 4/7 and l1 = l5 = 1/2. Attribute 2: all 0 -> l0.
+    assert [c.tolist() for c in result.coalitions] == [[0], [2], [0]]
+    np.testing.assert_allclose(result.f1, [2 / 3, 2 / 3, 0.0], rtol=0, atol=1e-15)
+    assert result.score == pytest.approx(4 / 9, abs=1e-15)
+
+
+def test_fbmp_hand_computed_with_early_stop_tie_and_empty_attribute() -> None:
+    active, labels = _hand_case()
+    result = fbmp(active, labels, beta=0.5, k=3)
+    # Attribute 0, scores TP / (0.25 |r| + |l|):
+    #   step 0 (|r| = 4): l0 2/3, l3 1/2, l1 = l5 1/3, l4 1/6 -> l0; F1 = 4/6; residual = images {2, 3}.
+    #   step 1 (|r| = 2): l1 = l5 1/2.5 (tie -> l1), l4 1/5.5, l3 1/5.5 -> l1; F1 = 6/8 > 4/6, kept; residual = {3}.
+    #   step 2 (|r| = 1): only l4 covers image 3 -> l4; but F1 = 8/12 < 6/8: stop, l4 not added.
+    # Attribute 1: step 0 l2 (2/4.5) -> F1 = 2/3, empty residual; step 1 all 0 -> l0, F1 4/8 < 2/3: stop.
+    # Attribute 2: no positives: l0 taken (first latent always), F1 = 0; then l0 again adds nothing: stop.
+    assert [c.tolist() for c in result.coalitions] == [[0, 1], [2], [0]]
+    np.testing.assert_allclose(result.f1, [0.75, 2 / 3, 0.0], rtol=0, atol=1e-15)
+    assert result.score == pytest.approx(17 / 36, abs=1e-15)
+    assert fbmp(active, labels, beta=0.5, k=1).coalitions[0].tolist() == [0]
+    assert delta_match_score(result, one_to_one(active, labels)) == pytest.approx(17 / 36 - 4 / 9, abs=1e-15)
+
+
+def _reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int) -> list[list[int]]:
+    """Straight per-attribute, per-latent loop over scikit-learn scorers (SPEC.md B pseudo-code)."""
+    coalitions = []
+    for a in range(labels.shape[1]):
+        y = labels[:, a]
+        residual = y.copy()
+        yhat = np.zeros_like(y)
+        chosen: list[int] = []
+        for step in range(k):
+            scores = [
+                fbeta_score(residual, active[:, latent], beta=beta, zero_division=0.0)
+                for latent in range(active.shape[1])
+            ]
+            # Round away float noise so that equal rationals tie, then lowest index wins.
+            best = int(np.argmax(np.round(scores, 12)))
+            residual = residual & ~active[:, best]
+            new_hat = yhat | active[:, best]
+            if step > 0 and f1_score(y, new_hat, zero_division=0.0) <= f1_score(y, yhat, zero_division=0.0):
+                break
+            yhat = new_hat
+            chosen.append(best)
+        coalitions.append(chosen)
+    return coalitions
+
+
+@pytest.mark.parametrize("beta", [0.25, 0.5, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_fbmp_equals_brute_force_reference(beta: float, k: int) -> None:
+    rng = np.random.default_rng(int(beta * 100) + k)
+    n, n_latents = 60, 12
+    base = rng.random((n, 3)) < 0.3
+    active = rng.random((n, n_latents)) < rng.uniform(0.05, 0.4, size=n_latents)
+    active[:, 5] = False  # a latent that never fires
+    active[:, 7:10] |= base  # latents aligned with the planted attributes
+    labels = np.concatenate([base, rng.random((n, 2)) < 0.2, np.zeros((n, 1), dtype=bool)], axis=1)
+    result = fbmp(active, labels, beta=beta, k=k)
+    assert [c.tolist() for c in result.coalitions] == _reference_fbmp(active, labels, beta, k)
+    for a, coalition in enumerate(result.coalitions):
+        pred = active[:, coalition].any(axis=1)
+        assert result.f1[a] == pytest.approx(f1_score(labels[:, a], pred, zero_division=0.0), abs=1e-12)
+
+
+def test_fbmp_at_least_one_to_one_on_random_data() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(5):
+        active = rng.random((200, 40)) < 0.1
+        labels = rng.random((200, 8)) < 0.15
+        assert fbmp(active, labels, beta=0.5, k=3).score >= one_to_one(active, labels).score - 1e-12
+        # With beta = 1 and one latent, FBMP is one-to-one.
+        first = fbmp(active, labels, beta=1.0, k=1)
+        o2o = one_to_one(active, labels)
+        assert [c.tolist() for c in first.coalitions] == [c.tolist() for c in o2o.coalitions]
+        np.testing.assert_array_equal(first.f1, o2o.f1)
+
+
+def test_block_counts_equal_one_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(6)
+    active = rng.random((101, 9)) < 0.3
+    labels = rng.random((101, 4)) < 0.3
+    expected = active.astype(np.int64).T @ labels.astype(np.int64)
+    monkeypatch.setattr(matching, "_BLOCK_ELEMENTS", 20)  # blocks of 2 rows
+    np.testing.assert_array_equal(matching._tp_counts(active, labels), expected)
+
+
+def test_matching_result_types() -> None:
+    active, labels = _hand_case()
+    result = fbmp(active, labels)
+    assert isinstance(result, Matching)
+    assert all(c.dtype == np.int64 for c in result.coalitions)
+    assert result.f1.dtype == np.float64 and result.f1.shape == (3,)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    active, labels = _hand_case()
+    with pytest.raises(TypeError, match="bool"):
+        fbmp(active.astype(np.float32), labels)
+    with pytest.raises(TypeError, match="bool"):
+        one_to_one(active, labels.astype(int))
+    with pytest.raises(ValueError, match="rows"):
+        fbmp(active[:5], labels)
+    with pytest.raises(ValueError, match="k:"):
+        fbmp(active, labels, k=7)
+    with pytest.raises(ValueError, match="k:"):
+        fbmp(active, labels, k=0)
+    with pytest.raises(ValueError, match="beta"):
+        fbmp(active, labels, beta=0.0)
+    with pytest.raises(ValueError, match="2-D"):
+        one_to_one(active[:, 0], labels)
+    short = one_to_one(active, labels[:, :2])
+    with pytest.raises(ValueError, match="attributes"):
+        delta_match_score(short, one_to_one(active, labels))

@@ -1,0 +1,114 @@
+"""Tests for pipeline.metrics.tapas: TAPAScore and Delta-stay on paired images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
+
+# Attribute 0 -> latents {0, 1}; attribute 1 -> {2, 3}; attribute 2 -> {3, 4} (shares 3 with attribute 1).
+COALITIONS = [np.array([0, 1]), np.array([2, 3]), np.array([3, 4])]
+
+
+def _codes(on: list[list[int]], n_latents: int = 6) -> np.ndarray:
+    codes = np.zeros((len(on), n_latents), dtype=bool)
+    for row, latents in enumerate(on):
+        codes[row, latents] = True
+    return codes
+
+
+def test_tapascore_hand_computed_with_shared_latent_and_removal_only_pair() -> None:
+    before = _codes([[0], [2, 3], [1], []])
+    after = _codes([[2], [3, 4], [1], []])
+    added = np.array([1, 2, -1, 0])
+    removed = np.array([0, 1, 0, 2])
+    # Pair 0: I_add {2,3}: 1 - 0 = +1; I_rem {0,1}: 0 - 1 = -1.
+    # Pair 1: latent 3 is in both coalitions and dropped: I_add {4}: 1 - 0 = +1; I_rem {2}: 0 - 1 = -1
+    #         (keeping 3 would have given delta_rem = 1 - 1 = 0).
+    # Pair 2: removal only (no add term); I_rem {0,1}: latent 1 stays on: 0.
+    # Pair 3: nothing moves: 0 and 0.
+    result = tapascore(before, after, added, removed, COALITIONS)
+    assert isinstance(result, Tapas)
+    assert result.delta_add == pytest.approx(2 / 3, abs=1e-15)
+    assert result.delta_rem == -0.5
+    assert result.score == pytest.approx(2 / 3 + 1 / 2, abs=1e-15)
+    assert (result.n_pairs, result.n_add, result.n_rem) == (4, 3, 4)
+
+
+def test_removal_only_benchmark_scores_minus_mean_delta_rem() -> None:
+    before = _codes([[0], [1], [2]])
+    after = _codes([[], [1], []])
+    result = tapascore(before, after, np.full(3, -1), np.array([0, 0, 1]), COALITIONS)
+    assert np.isnan(result.delta_add)
+    assert result.delta_rem == pytest.approx(-2 / 3, abs=1e-15)
+    assert result.score == pytest.approx(2 / 3, abs=1e-15)
+    assert result.n_add == 0
+
+
+def test_perfect_edit_scores_two_and_identical_codes_score_zero() -> None:
+    before = _codes([[0], [1, 5]])
+    after = _codes([[2], [4, 5]])
+    added, removed = np.array([1, 2]), np.array([0, 0])
+    assert tapascore(before, after, added, removed, COALITIONS).score == 2.0
+    assert tapascore(after, before, added, removed, COALITIONS).score == -2.0
+    assert tapascore(before, before, added, removed, COALITIONS).score == 0.0
+
+
+def test_empty_coalitions_contribute_no_pair() -> None:
+    coalitions = [np.array([0]), np.array([], dtype=np.int64), np.array([0])]
+    before = _codes([[0], [0]])
+    after = _codes([[], []])
+    # Pair 0 adds attribute 1 (empty coalition): only its removal counts. Pair 1: add and remove
+    # share their only latent, so both sets are empty: no term at all.
+    result = tapascore(before, after, np.array([1, 2]), np.array([0, 0]), coalitions)
+    assert (result.n_add, result.n_rem) == (0, 1)
+    assert result.score == 1.0
+    nothing = tapascore(before, after, np.array([1, -1]), np.array([-1, -1]), coalitions)
+    assert np.isnan(nothing.score)
+
+
+def test_tapascore_bounded_on_random_codes() -> None:
+    rng = np.random.default_rng(0)
+    coalitions = [rng.choice(30, size=rng.integers(1, 4), replace=False) for _ in range(8)]
+    for _ in range(20):
+        before = rng.random((50, 30)) < 0.2
+        after = rng.random((50, 30)) < 0.2
+        added = rng.integers(-1, 8, size=50)
+        removed = rng.integers(0, 8, size=50)
+        result = tapascore(before, after, added, removed, coalitions)
+        assert -2.0 <= result.score <= 2.0
+        assert -1.0 <= result.delta_add <= 1.0 and -1.0 <= result.delta_rem <= 1.0
+
+
+def test_delta_stay_hand_computed() -> None:
+    before = _codes([[0, 4], [0, 2]])
+    after = _codes([[2], [0]])
+    present = np.array([[True, False, True], [True, True, False]])
+    added, removed = np.array([1, -1]), np.array([0, 1])
+    # Pair 0: attribute 0 is the edit; attribute 2 {3,4}: on before (4), off after -> |delta| = 1.
+    # Pair 1: attribute 1 is the edit; attribute 0 {0,1}: on before and after -> 0. Mean = 1/2.
+    assert delta_stay(before, after, present, added, removed, COALITIONS) == 0.5
+    assert delta_stay(before, before, present, added, removed, COALITIONS) == 0.0
+    assert np.isnan(delta_stay(before, after, np.zeros((2, 3), dtype=bool), added, removed, COALITIONS))
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    codes = _codes([[0], [1]])
+    ok = np.array([0, 1])
+    with pytest.raises(TypeError, match="bool"):
+        tapascore(codes.astype(int), codes, ok, ok, COALITIONS)
+    with pytest.raises(ValueError, match="after"):
+        tapascore(codes, codes[:1], ok, ok, COALITIONS)
+    with pytest.raises(ValueError, match="added"):
+        tapascore(codes, codes, np.array([0, 3]), ok, COALITIONS)
+    with pytest.raises(ValueError, match="removed"):
+        tapascore(codes, codes, ok, np.array([0]), COALITIONS)
+    with pytest.raises(TypeError, match="int"):
+        tapascore(codes, codes, ok.astype(float), ok, COALITIONS)
+    with pytest.raises(ValueError, match=r"coalitions\[0\]"):
+        tapascore(codes, codes, ok, ok, [np.array([0, 6])] + COALITIONS[1:])
+    with pytest.raises(ValueError, match="coalitions"):
+        tapascore(codes, codes, ok, ok, [])
+    with pytest.raises(ValueError, match="present"):
+        delta_stay(codes, codes, np.ones((2, 2), dtype=bool), ok, ok, COALITIONS)
