@@ -1,0 +1,432 @@
+"""SAE zoo (pipeline.models.sae): hand-computed sparsifiers, straight-through gradients, AuxK,
+BatchTopK's threshold buffer, decoder geometry, errors, checkpoints, and training on planted data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from pipeline.config import options_model
+from pipeline.models import build
+from pipeline.models.checkpoint import load_model, save_model
+from pipeline.models.sae import (
+    SAE,
+    BatchTopKSAE,
+    JumpReLUFunction,
+    JumpReLUSAE,
+    MatryoshkaSAE,
+    PrefixMatryoshkaSAE,
+    ReLUSAE,
+    StepFunction,
+    TopKSAE,
+    batch_topk_codes,
+    fit,
+    geometric_median,
+    rectangle,
+    topk_codes,
+)
+
+SAE_METHODS = ["relu", "topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"]
+GEN = torch.Generator().manual_seed(0)
+
+
+def identity_model(method: str, k: int = 2, **options: object) -> SAE:
+    """d = n_latents = 4, W_enc = W_dec = I, zero biases, input_scale 1: pre-activations = x."""
+    model = build(method, d=4, dict_size=4, k=k, seed=0, **options)
+    with torch.no_grad():
+        model.W_enc.copy_(torch.eye(4))
+        model.W_dec.copy_(torch.eye(4))
+        model.b_enc.zero_()
+        model.b_dec.zero_()
+        model.input_scale.fill_(1.0)
+    return model
+
+
+def planted_sparse(n: int = 2048, d: int = 16, m: int = 64, k: int = 4, seed: int = 0) -> np.ndarray:
+    """x = s D: D (m, d) random unit rows, s (n, m) with k non-zeros per row, values in [0.5, 1.5]."""
+    rng = np.random.default_rng(seed)
+    atoms = rng.standard_normal((m, d))
+    atoms /= np.linalg.norm(atoms, axis=1, keepdims=True)
+    codes = np.zeros((n, m))
+    support = np.argsort(rng.random((n, m)), axis=1)[:, :k]
+    np.put_along_axis(codes, support, rng.uniform(0.5, 1.5, (n, k)), axis=1)
+    return (codes @ atoms).astype(np.float32)
+
+
+def fvu(model: SAE, x: np.ndarray) -> float:
+    recon = model.decode(model.encode(x))
+    return float(((recon - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
+
+
+# --- sparsifier helpers ------------------------------------------------------------------------
+def test_topk_codes_keeps_the_k_largest_per_row() -> None:
+    acts = torch.tensor([[0.1, 3.0, 2.0, 0.5], [4.0, 0.0, 1.0, 2.0]])
+    expected = torch.tensor([[0.0, 3.0, 2.0, 0.0], [4.0, 0.0, 0.0, 2.0]])
+    assert torch.equal(topk_codes(acts, 2), expected)
+
+
+def test_batch_topk_keeps_k_times_batch_over_the_whole_batch() -> None:
+    # k = 2, n = 2: the 4 largest of the batch (3, 2.5, 2, 1.5) survive, rows get 3 and 1.
+    acts = torch.tensor([[3.0, 2.5, 2.0, 0.1], [1.5, 0.0, 1.0, 0.2]])
+    codes, smallest = batch_topk_codes(acts, 2)
+    assert torch.equal(codes, torch.tensor([[3.0, 2.5, 2.0, 0.0], [1.5, 0.0, 0.0, 0.0]]))
+    assert float(smallest) == 1.5
+
+
+def test_batch_topk_smallest_ignores_kept_zeros_and_is_nan_when_nothing_positive() -> None:
+    acts = torch.tensor([[2.0, 0.0, 0.0, 0.0]])  # k * n = 3 but one positive value
+    codes, smallest = batch_topk_codes(acts, 3)
+    assert torch.equal(codes, acts) and float(smallest) == 2.0
+    _, none = batch_topk_codes(torch.zeros(2, 4), 1)
+    assert math.isnan(float(none))
+
+
+def test_rectangle_kernel_is_one_strictly_inside_half_width() -> None:
+    u = torch.tensor([-0.6, -0.5, -0.49, 0.0, 0.49, 0.5, 0.6])
+    assert torch.equal(rectangle(u), torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]))
+
+
+def test_geometric_median_of_a_convex_quadrilateral_is_where_its_diagonals_cross() -> None:
+    # Diagonals (0,0)-(3,3) [y = x] and (4,0)-(0,1) [y = 1 - x/4] cross at (0.8, 0.8); the mean is (1.75, 1).
+    x = torch.tensor([[0.0, 0.0], [4.0, 0.0], [3.0, 3.0], [0.0, 1.0]], dtype=torch.float64)
+    assert torch.allclose(geometric_median(x, iters=2000, tol=1e-12), torch.tensor([0.8, 0.8], dtype=torch.float64), atol=1e-4)
+
+
+# --- JumpReLU straight-through estimators, by hand ---------------------------------------------------
+def test_jumprelu_function_forward_and_pseudo_gradients_by_hand() -> None:
+    # theta = (1, 2), eps = 0.1: window |z - theta| < 0.05.
+    z = torch.tensor([[1.02, 2.5], [0.97, 1.96], [0.5, 2.04]], requires_grad=True)
+    theta = torch.tensor([1.0, 2.0], requires_grad=True)
+    y = JumpReLUFunction.apply(z, theta, 0.1)
+    assert torch.allclose(y, torch.tensor([[1.02, 2.5], [0.0, 0.0], [0.0, 2.04]]))
+    grad_out = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    y.backward(grad_out)
+    # dy/dz = H(z - theta) times the incoming gradient.
+    assert torch.equal(z.grad, torch.tensor([[1.0, 2.0], [0.0, 0.0], [0.0, 6.0]]))
+    # dy/dtheta = -(theta / eps) * K((z - theta) / eps) * g, summed over rows:
+    # latent 0: rows 0 (1.02) and 1 (0.97) are in the window: -(1 / 0.1) * (1 + 3) = -40
+    # latent 1: rows 1 (1.96) and 2 (2.04): -(2 / 0.1) * (4 + 6) = -200
+    assert torch.allclose(theta.grad, torch.tensor([-40.0, -200.0]))
+
+
+def test_step_function_pseudo_gradients_by_hand() -> None:
+    z = torch.tensor([[1.02, 2.5], [0.97, 1.96]], requires_grad=True)
+    theta = torch.tensor([1.0, 2.0], requires_grad=True)
+    h = StepFunction.apply(z, theta, 0.1)
+    assert torch.equal(h, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    h.sum().backward()
+    assert torch.equal(z.grad, torch.zeros(2, 2))  # no gradient to the pre-activations
+    # -(1 / eps) * (number of rows in the window): latent 0 has 2, latent 1 has 1 (1.96).
+    assert torch.allclose(theta.grad, torch.tensor([-20.0, -10.0]))
+
+
+def test_jumprelu_model_loss_and_log_threshold_gradient_by_hand() -> None:
+    model = identity_model("jumprelu", k=1, l0_coef=0.5, bandwidth=0.05)  # kernel width 0.05 * sqrt(4) = 0.1
+    with torch.no_grad():
+        model.log_threshold.copy_(torch.log(torch.tensor([1.0, 1.0, 1.0, 1.0])))
+    x = torch.tensor([[1.02, 0.5, 0.0, 0.0]])
+    loss, stats = model.training_loss(x, 0.0, GEN)
+    # codes (1.02, 0, 0, 0) reconstruct x except the 0.5: mse = 0.25 / 4; L0 = 1.
+    assert stats["l0"] == 1.0
+    assert math.isclose(float(stats["mse"]), 0.0625, rel_tol=1e-6)
+    assert math.isclose(float(stats["l0_penalty"]), 0.5, rel_tol=1e-6)
+    loss.backward()
+    # latent 0 is in the window (|1.02 - 1| < 0.05). d mse / d y0 = 2 (y0 - x0) / 4 = 0, so only the
+    # L0 term acts: d/dtheta0 = 0.5 * -(1 / 0.1) = -5; d/dlog theta0 = theta0 * (-5) = -5.
+    assert torch.allclose(model.log_threshold.grad, torch.tensor([-5.0, 0.0, 0.0, 0.0]))
+
+
+# --- hand-computed forward passes ---------------------------------------------------------------------
+def test_topk_encode_keeps_k_largest_after_relu_and_k_overrides() -> None:
+    model = identity_model("topk", k=2)
+    x = torch.tensor([[3.0, -5.0, 1.0, 2.0], [-1.0, -2.0, 0.5, -3.0]])
+    assert torch.equal(model.encode(x), torch.tensor([[3.0, 0.0, 0.0, 2.0], [0.0, 0.0, 0.5, 0.0]]))
+    assert torch.equal(model.encode(x, k=1), torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0]]))
+
+
+def test_encode_subtracts_b_dec_and_decode_folds_the_scale_back() -> None:
+    model = identity_model("topk", k=4)
+    with torch.no_grad():
+        model.b_dec.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+        model.b_enc.copy_(torch.tensor([0.0, 0.5, 0.0, 0.0]))
+        model.input_scale.fill_(2.0)
+    x = torch.tensor([[1.0, 2.0, 0.0, 3.0]])
+    codes = model.encode(x)  # (2x - 1) + b_enc, then ReLU
+    assert torch.equal(codes, torch.tensor([[1.0, 3.5, 0.0, 5.0]]))
+    # decode = (codes W_dec + b_dec) / scale
+    assert torch.allclose(model.decode(codes), torch.tensor([[1.0, 2.25, 0.5, 3.0]]))
+
+
+def test_relu_codes_and_decoder_norm_weighted_l1() -> None:
+    model = identity_model("relu", l1_coef=0.1)
+    with torch.no_grad():
+        model.W_dec.copy_(torch.diag(torch.tensor([2.0, 1.0, 1.0, 3.0])))  # norms 2, 1, 1, 3
+    x = torch.tensor([[1.0, -1.0, 0.5, 2.0], [0.0, 2.0, -1.0, 0.0]])
+    assert torch.equal(model.encode(x, k=1), torch.tensor([[1.0, 0.0, 0.5, 2.0], [0.0, 2.0, 0.0, 0.0]]))  # k ignored
+    _, stats = model.training_loss(x, 0.0, GEN)
+    # sum_i f_i ||d_i||: row 0 = 1*2 + 0.5*1 + 2*3 = 8.5, row 1 = 2*1 = 2 -> mean 5.25 -> * 0.1
+    assert math.isclose(float(stats["l1"]), 0.525, rel_tol=1e-6)
+    assert float(stats["l0"]) == 2.0
+
+
+def test_batchtopk_training_codes_ema_update_and_threshold_inference() -> None:
+    model = identity_model("batchtopk", k=1, threshold_decay=0.9, aux_coef=0.0)
+    model.threshold.fill_(0.5)
+    x = torch.tensor([[3.0, 2.0, 0.0, 0.0], [0.1, 0.0, 1.0, 0.0]])
+    _, stats = model.training_loss(x, 0.0, GEN)
+    # k * n = 2 kept over the batch: 3 and 2, both in row 0 -> l0 = 1; smallest kept = 2.
+    assert float(stats["l0"]) == 1.0
+    assert math.isclose(float(model.threshold), 0.9 * 0.5 + 0.1 * 2.0, rel_tol=1e-6)  # 0.65
+    # Inference: the fixed threshold 0.65, row by row (no batch coupling).
+    assert torch.equal(model.encode(x), torch.tensor([[3.0, 2.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]))
+    # A k other than the model's: per-row top-k.
+    assert torch.equal(model.encode(x, k=2), torch.tensor([[3.0, 2.0, 0.0, 0.0], [0.1, 0.0, 1.0, 0.0]]))
+
+
+def test_batchtopk_threshold_survives_save_and_load(tmp_path) -> None:
+    model = build("batchtopk", d=8, dict_size=16, k=3, seed=1)
+    model.fit_init(torch.randn(64, 8))
+    model.threshold.fill_(0.123)
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert isinstance(loaded, BatchTopKSAE) and float(loaded.threshold) == pytest.approx(0.123)
+    x = torch.randn(10, 8)
+    assert torch.equal(loaded.encode(x), model.eval().encode(x))
+
+
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_every_method_round_trips_through_a_checkpoint(method: str, tmp_path) -> None:
+    model = build(method, d=8, dict_size=16, k=4, seed=2)
+    model.fit_init(torch.randn(128, 8) * 3 + 1)
+    model.steps_since_active[:3] = 7
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert type(loaded) is type(model) and loaded.options() == model.options()
+    assert torch.equal(loaded.steps_since_active, model.steps_since_active)
+    x = torch.randn(20, 8) * 3 + 1
+    assert torch.equal(loaded.decode(loaded.encode(x)), model.eval().decode(model.encode(x)))
+
+
+def test_matryoshka_levels_and_nested_loss_by_hand() -> None:
+    assert MatryoshkaSAE(4, 16, 8).k_levels == (2, 4, 8)
+    assert MatryoshkaSAE(4, 16, 2).k_levels == (1, 2)
+    assert MatryoshkaSAE(4, 16, 8, k_levels=(1, 3)).k_levels == (1, 3, 8)
+    model = identity_model("matryoshka", k=2, k_levels=(1,), level_weights=(3.0, 1.0), aux_coef=0.0)
+    assert model.level_weights == (0.75, 0.25)
+    x = torch.tensor([[3.0, 0.0, 2.0, 0.0]])
+    _, stats = model.training_loss(x, 0.0, GEN)
+    # level k=1 keeps 3: error (0, 0, 2, 0) -> mse 4 / 4 = 1; level k=2 is exact -> 0.
+    assert math.isclose(float(stats["mse"]), 0.75 * 1.0 + 0.25 * 0.0, rel_tol=1e-6)
+    assert float(stats["l0"]) == 2.0
+
+
+def test_prefix_matryoshka_prefixes_and_nested_loss_by_hand() -> None:
+    assert PrefixMatryoshkaSAE(4, 64, 4).prefix_sizes == (8, 16, 32, 64)
+    model = identity_model("matryoshka_prefix", k=2, prefix_fractions=(0.5,), aux_coef=0.0)
+    assert model.prefix_sizes == (2, 4) and model.prefix_weights == (0.5, 0.5)
+    x = torch.tensor([[1.0, 0.0, 0.0, 3.0], [0.0, 2.0, 4.0, 0.0]])
+    _, stats = model.training_loss(x, 0.0, GEN)
+    # batch top-4 keeps every non-zero. Prefix {0, 1} misses 3 and 4: sq. error 9 + 16 over 8 entries;
+    # the full dictionary is exact.
+    assert math.isclose(float(stats["mse"]), 0.5 * 25 / 8, rel_tol=1e-6)
+
+
+# --- AuxK and dead latents -----------------------------------------------------------------------------
+def test_auxk_gradient_reaches_only_dead_latents() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(32, 8)
+    models = []
+    for aux_coef in (1.0, 0.0):
+        model = build("topk", d=8, dict_size=16, k=2, seed=3, aux_coef=aux_coef, dead_steps=5, k_aux=512)
+        model.fit_init(x)
+        model.steps_since_active[[1, 6, 11]] = 5  # dead
+        loss, stats = model.training_loss(x, 0.0, GEN)
+        loss.backward()
+        models.append((model, stats))
+    (with_aux, stats), (without, _) = models
+    assert float(stats["aux"]) > 0
+    dead = torch.zeros(16, dtype=torch.bool)
+    dead[[1, 6, 11]] = True
+    for name in ("W_enc", "b_enc", "W_dec"):
+        diff = (getattr(with_aux, name).grad - getattr(without, name).grad).abs()
+        per_latent = diff.sum(1) if diff.ndim == 2 else diff
+        assert float(per_latent[~dead].max()) == 0.0, name
+        assert float(per_latent[dead].min()) > 0.0, name
+
+
+def test_auxk_is_zero_without_dead_latents_and_caps_k_aux() -> None:
+    model = identity_model("topk", k=1, k_aux=512, dead_steps=3)
+    pre = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    torch.set_grad_enabled(False)  # the decoder is a parameter; values only here
+    assert float(model.auxk_loss(pre, torch.ones(1, 4))) == 0.0
+    model.steps_since_active[[0, 2]] = 3
+    # 2 dead latents (k_aux capped to 2): codes (1, 0, 3, 0) reconstruct residual (1, 0, 3, 0) exactly.
+    assert float(model.auxk_loss(pre, torch.tensor([[1.0, 0.0, 3.0, 0.0]]))) == 0.0
+    # residual (0, 0, 3, 0): error (1, 0, 0, 0), normalised by mean(residual^2) = 9/4 -> (1/4) / (9/4)
+    assert math.isclose(float(model.auxk_loss(pre, torch.tensor([[0.0, 0.0, 3.0, 0.0]]))), 1 / 9, rel_tol=1e-6)
+    torch.set_grad_enabled(True)
+
+
+def test_dead_counter_counts_steps_since_active() -> None:
+    model = identity_model("topk", k=1, dead_steps=2, aux_coef=0.0)
+    x = torch.tensor([[5.0, 1.0, 0.0, 0.0]])  # only latent 0 fires
+    for _ in range(2):
+        _, stats = model.training_loss(x, 0.0, GEN)
+    assert model.steps_since_active.tolist() == [0, 2, 2, 2]
+    assert float(stats["dead_fraction"]) == 0.75
+    model.training_loss(torch.tensor([[0.0, 1.0, 0.0, 0.0]]), 0.0, GEN)
+    assert model.steps_since_active.tolist() == [1, 0, 3, 3]
+
+
+# --- decoder geometry and initialisation ---------------------------------------------------------------
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_encoder_starts_as_a_copy_of_the_decoder_and_atoms_have_unit_norm(method: str) -> None:
+    model = build(method, d=6, dict_size=10, k=3, seed=0)
+    assert torch.equal(model.W_enc, model.W_dec)
+    assert model.W_enc.data_ptr() != model.W_dec.data_ptr()
+    with torch.no_grad():
+        model.W_enc.add_(1.0)
+    assert not torch.equal(model.W_enc, model.W_dec)
+    assert torch.allclose(model.W_dec.norm(dim=1), torch.ones(10), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_decoder_rows_stay_unit_norm_and_gradient_is_projected(method: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 6) * 2 + 3
+    model = build(method, d=6, dict_size=12, k=3, seed=0)
+    model.fit_init(x)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(5):
+        loss, _ = model.training_loss(x, 0.0, GEN)
+        optimizer.zero_grad()
+        loss.backward()
+        model.before_step()
+        radial = (model.W_dec.grad * model.W_dec.detach()).sum(1)
+        assert float(radial.abs().max()) < 1e-6  # no component along the atoms
+        optimizer.step()
+        model.after_step()
+        assert torch.allclose(model.W_dec.norm(dim=1), torch.ones(12), atol=1e-6)
+
+
+def test_fit_init_sets_scale_bias_and_reconstructs_in_the_original_space() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(500, 8) * 5 + 10
+    model = build("topk", d=8, dict_size=8, k=8, seed=0)
+    model.fit_init(x)
+    centred_norm = (x - x.mean(0)).norm(dim=1).mean()
+    assert float(model.input_scale) == pytest.approx(math.sqrt(8) / float(centred_norm), rel=1e-5)
+    assert torch.allclose(model.b_dec, x.mean(0) * model.input_scale, atol=1e-4)
+    # codes of zero decode to the data mean in the original space
+    assert torch.allclose(model.decode(torch.zeros(1, 8)), x.mean(0, keepdim=True), atol=1e-4)
+    assert BatchTopKSAE(8, 8, 2, bias_init="geometric_median").bias_init == "geometric_median"
+
+
+def test_untrained_twins_are_sane_sparsifiers() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1000, 16)
+    for method in ("topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"):
+        model = build(method, d=16, dict_size=64, k=4, seed=0)
+        model.fit_init(x)
+        l0 = float((model.encode(x) != 0).float().sum(1).mean())
+        assert abs(l0 - 4) < 0.1, (method, l0)
+    jump = build("jumprelu", d=16, dict_size=64, k=4, seed=0)
+    jump.fit_init(x)
+    frequency = (jump.encode(x) != 0).float().mean(0)  # each latent fires on ~k/m of the rows
+    assert float(frequency.min()) > 0.05 and float(frequency.max()) < 0.07
+
+
+def test_array_io_and_same_seed_same_weights() -> None:
+    a, b = build("topk", 4, 8, 2, seed=5), build("topk", 4, 8, 2, seed=5)
+    assert torch.equal(a.W_dec, b.W_dec)
+    codes = a.encode(np.ones((3, 4), dtype=np.float64))
+    assert isinstance(codes, np.ndarray) and codes.shape == (3, 8) and codes.dtype == np.float32
+    assert isinstance(a.decode(codes), np.ndarray)
+
+
+# --- errors and options --------------------------------------------------------------------------------
+def test_bad_inputs_raise_clear_errors() -> None:
+    with pytest.raises(ValueError, match="1 <= k <= n_latents"):
+        TopKSAE(4, 8, 9)
+    model = build("batchtopk", 4, 8, 2, seed=0)
+    with pytest.raises(ValueError, match=r"k=9 must be in 1..n_latents=8"):
+        model.encode(torch.zeros(2, 4), k=9)
+    with pytest.raises(TypeError, match="k must be an int"):
+        model.encode(torch.zeros(2, 4), k=2.5)
+    with pytest.raises(ValueError, match=r"expected input of shape \(n, 4\), got \(2, 5\)"):
+        model.encode(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="NaN"):
+        model.encode(torch.full((1, 4), float("nan")))
+    with pytest.raises(ValueError, match=r"expected codes of shape \(n, 8\)"):
+        model.decode(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="empty sample"):
+        model.fit_init(torch.zeros(0, 4))
+    with pytest.raises(ValueError, match=r"training_loss|expected input of shape"):
+        model.training_loss(torch.zeros(3, 2), 0.0, GEN)
+
+
+@pytest.mark.parametrize(
+    "cls, options, message",
+    [
+        (ReLUSAE, {"l1_coef": -1.0}, "l1_coef must be finite and >= 0"),
+        (TopKSAE, {"k_aux": 0}, "k_aux must be an integer >= 1"),
+        (TopKSAE, {"bias_init": "median"}, "bias_init must be 'mean' or 'geometric_median'"),
+        (TopKSAE, {"dead_steps": 0}, "dead_steps must be an integer >= 1"),
+        (BatchTopKSAE, {"threshold_decay": 1.0}, r"threshold_decay must be in \[0, 1\)"),
+        (JumpReLUSAE, {"bandwidth": 0.0}, "bandwidth must be finite and > 0"),
+        (MatryoshkaSAE, {"k_levels": (2, 9)}, "every k_levels value must be in 1..k=4"),
+        (MatryoshkaSAE, {"level_weights": (1.0, 2.0)}, "level_weights must be 3 finite non-negative numbers"),
+        (PrefixMatryoshkaSAE, {"prefix_fractions": (0.0, 0.5)}, r"prefix_fractions must be non-empty, each in \(0, 1\]"),
+    ],
+)
+def test_bad_options_raise(cls: type[SAE], options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cls(4, 8, 4, **options)
+
+
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_options_schema_validates_from_the_signature(method: str) -> None:
+    schema = options_model(method)
+    defaults = schema.model_validate({}).model_dump()
+    model = build(method, 4, 16, 4, seed=0, **defaults)
+    assert set(model.options()) == set(defaults)
+    with pytest.raises(ValidationError):
+        schema.model_validate({"no_such_option": 1})
+
+
+def test_tuple_options_accept_lists_as_from_yaml() -> None:
+    options = options_model("matryoshka").model_validate({"k_levels": [2, 4], "level_weights": [1, 1, 2]}).model_dump()
+    model = build("matryoshka", 4, 16, 8, seed=0, **options)
+    assert model.k_levels == (2, 4, 8) and model.options()["level_weights"] == [0.25, 0.25, 0.5]
+
+
+# --- training on planted sparse data ---------------------------------------------------------------------
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_training_on_planted_sparse_data_lowers_fvu(method: str) -> None:
+    """x = s D, d = 16, 64 random unit atoms, 4 active per row. Untrained FVU is 0.74 (TopK) to 3.2
+    (ReLU); every method must reach FVU < 0.45 and at most half its untrained twin's FVU (measured:
+    ReLU 0.14 at L0 20, TopK 0.28, BatchTopK 0.32, JumpReLU 0.36 at L0 3, MSAE 0.29, prefix 0.33)."""
+    x = planted_sparse()
+    untrained = build(method, d=16, dict_size=64, k=4, seed=0)
+    untrained.fit_init(torch.as_tensor(x))
+    # JumpReLU's thresholds move about lr per step and only from pre-activations inside the kernel
+    # window; at d = 16 the default window (1e-3 * sqrt(16)) is narrow, so give it a wider window and a
+    # larger lr for this short run (with the defaults it reaches FVU ~0.43).
+    extra = {"lr": 1e-2, "bandwidth": 0.01} if method == "jumprelu" else {"lr": 5e-3}
+    model = fit(x, method, dict_size=64, k=4, seed=0, epochs=20, patience=20, device="cpu", **extra)
+    trained_fvu, untrained_fvu = fvu(model, x), fvu(untrained, x)
+    assert trained_fvu < 0.45 and trained_fvu < 0.5 * untrained_fvu, (trained_fvu, untrained_fvu)
+    if method in ("topk", "batchtopk", "matryoshka", "matryoshka_prefix"):
+        assert abs(float((model.encode(x) != 0).sum(1).mean()) - 4) < 0.2
+
+
+def test_fit_rejects_unknown_options_and_non_sae_methods() -> None:
+    x = planted_sparse(n=64)
+    with pytest.raises(ValueError, match="unknown options"):
+        fit(x, "topk", 64, 4, bogus=1)
+    with pytest.raises(ValueError, match="method must be one of"):
+        fit(x, "cedar", 64, 4)
