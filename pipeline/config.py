@@ -261,7 +261,7 @@ def _format(error: ValidationError, prefix: str = "") -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        if "\n" in msg:  # our own multi-problem validator
+        if not loc:  # our own cross-field validator: its lines already name their keys
             lines.extend(msg.splitlines())
         else:
             lines.append(f"{key}: {msg}" + (f" (got {e['input']!r})" if e["type"] not in ("extra_forbidden", "missing", "value_error") else ""))

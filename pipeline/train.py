@@ -171,7 +171,7 @@ def fit(
     model.train()
     for epoch in range(state.epoch, settings.epochs):
         generator.manual_seed(settings.seed * 1_000_003 + epoch)
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}  # summed on the device; read back only for display
         n_batches = 0
         bar = tqdm(batches(epoch), total=steps_per_epoch, desc=f"{model.method} epoch {epoch + 1}/{settings.epochs}", leave=False)
         for xb in bar:
@@ -190,10 +190,10 @@ def fit(
             state.step += 1
             n_batches += 1
             for name, value in {"loss": loss, **stats}.items():
-                sums[name] = sums.get(name, 0.0) + float(value)
-            if n_batches % 10 == 1:
-                bar.set_postfix({name: f"{value / n_batches:.4g}" for name, value in sums.items()})
-        record = {"epoch": epoch + 1, **{f"train_{k}": v / max(n_batches, 1) for k, v in sums.items()}, **validate(model, x_val_t)}
+                sums[name] = sums.get(name, 0.0) + torch.as_tensor(value).detach().float()
+            if n_batches % 20 == 1:
+                bar.set_postfix({name: f"{float(value) / n_batches:.4g}" for name, value in sums.items()})
+        record = {"epoch": epoch + 1, **{f"train_{k}": float(v) / max(n_batches, 1) for k, v in sums.items()}, **validate(model, x_val_t)}
         state.history.append(record)
         state.epoch = epoch + 1
         log.info("%s epoch %d: %s", model.method, epoch + 1, ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))

@@ -1,0 +1,94 @@
+"""End to end on the tiny preset: `dvc repro` in a scratch copy of the repository, then a sweep edit
+that must rerun only the new grid cells and the report, and the Prefect flow over the same stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import preset_text
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def scratch_copy(tmp: Path) -> Path:
+    """The tracked project files (what a clone has) in a fresh git repository, with the tiny preset."""
+    repo = tmp / "repo"
+    for name in ["pipeline", "stages", "dvc.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, repo / name)
+    (repo / "params.yaml").write_text(preset_text("tiny"))
+    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scratch")
+    return repo
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True)
+
+
+def env() -> dict[str, str]:
+    """The test's interpreter first on PATH, so dvc's `python -m stages...` runs in this environment."""
+    e = dict(os.environ)
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e['PATH']}"
+    e["PYTHONPATH"] = ""  # the scratch copy's own pipeline/ and stages/ (cwd) must win
+    e.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    return e
+
+
+def dvc(repo: Path, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"dvc {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory) -> Path:
+    repo = scratch_copy(tmp_path_factory.mktemp("e2e"))
+    dvc(repo, "repro")
+    return repo
+
+
+def test_repro_writes_a_report_with_sane_metrics(repro):
+    html = (repro / "reports" / "index.html").read_text()
+    assert "FVU against K" in html and "cedar-4" in html and "topk-32-4" in html
+    assert "https://" not in html.split("<script>", 1)[0], "the page head must load nothing from the network"
+    curve = json.loads((repro / "store" / "eval" / "cedar-4" / "fvu_curve.json").read_text())
+    trained = {p["k"]: p["fvu"] for p in curve if p["model"] == "trained"}
+    assert trained[16] < 1e-6, "CEDAR at k = d reconstructs exactly"
+    ks = sorted(trained)
+    assert all(trained[a] >= trained[b] - 1e-9 for a, b in zip(ks, ks[1:])), f"FVU must fall as k grows: {trained}"
+    metrics = json.loads((repro / "store" / "eval" / "topk-32-4" / "metrics.json").read_text())
+    assert 0 < metrics["trained"]["fvu"] < 1 and metrics["trained"]["l0"] <= 4 + 1e-9
+    encoder = json.loads((repro / "store" / "metrics" / "encoder.json").read_text())
+    assert encoder["zero_shot_mean"] > encoder["chance_mean"]
+
+
+def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro):
+    assert json.loads(dvc(repro, "status", "--json")) == {}, "a finished repro leaves nothing stale"
+    params = yaml.safe_load((repro / "params.yaml").read_text())
+    params["sweep"]["sae"]["dict_sizes"].append(64)
+    (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    expected = ["evaluate_sae@topk-64-4", "report", "train_sae@topk-64-4"]
+    assert sorted(json.loads(dvc(repro, "status", "--json"))) == expected
+    before = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
+    out = dvc(repro, "repro")
+    ran = sorted(line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage"))
+    assert ran == expected
+    after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
+    touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
+    assert touched == {("models", "topk-64-4"), ("eval", "topk-64-4")}
