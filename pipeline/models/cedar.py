@@ -1,0 +1,291 @@
+"""CEDAR: a learned rotation of the embedding space with a top-k bottleneck (SPEC section A).
+
+    U  = orth(A)                    A (d, d) the only learnable parameter; orth = matrix_exp(A - A^T)
+    z~ = (z - b) U^T                b = mean training embedding (buffer set by fit_init)
+    s  = topk_abs(z~, k)            signed k-sparse code
+    z^ = s U + b                    loss = mean over the batch of ||z - z^||_1
+
+Encode/decode are shared with the rotation baselines (`pipeline.models.rotations.RotationModel`);
+this module adds the learnable orthogonal map, the dense-to-sparse curriculum and random k.
+U is computed once per forward / training step from A, never per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from pipeline.models.rotations import RotationModel
+
+Parametrization = Literal["expm", "cayley", "householder"]
+CurriculumShape = Literal["linear", "cosine", "exponential"]
+RandomK = Literal["none", "uniform", "loguniform"]
+
+
+# --- orthogonal maps of an unconstrained (d, d) matrix ---------------------------------------
+def expm_rotation(a: Tensor) -> Tensor:
+    """matrix_exp(A - A^T): exactly orthogonal (exp of a skew matrix), covers all of SO(d), A = 0 -> I."""
+    return torch.linalg.matrix_exp(a - a.T)
+
+
+def cayley_rotation(a: Tensor) -> Tensor:
+    """Cayley map of S = A - A^T: (I - S)^-1 (I + S) = 2 (I - S)^-1 - I (one inverse, no exp).
+
+    Orthogonal for every skew S (I - S is always invertible), A = 0 -> I. It cannot reach
+    rotations with eigenvalue -1 (a half-turn in some plane); a half-turn only flips the signs
+    of two axes, which signed codes do not care about.
+    """
+    eye = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+    return 2.0 * torch.linalg.inv(eye - (a - a.T)) - eye
+
+
+def householder_rotation(a: Tensor) -> Tensor:
+    """-(H_1 H_2 ... H_d) with H_i = I - 2 v_i v_i^T / ||v_i||^2 and V = strict_lower(A) + I.
+
+    The product is formed in one block (no loop over reflectors) by the UT transform:
+    H_1 ... H_d = I - V T^-1 V^T with T = strict_upper(V^T V) + diag(V^T V) / 2, so it costs a
+    Gram matrix, one triangular solve and one matmul. The leading minus makes A = 0 give I
+    (V = I gives H_1 ... H_d = -I); the result is a product of orthogonal matrices, hence
+    exactly orthogonal, and represents every rotation up to the signs of its axes.
+    """
+    d = a.shape[0]
+    eye = torch.eye(d, dtype=a.dtype, device=a.device)
+    v = torch.tril(a, diagonal=-1) + eye
+    gram = v.T @ v
+    t = torch.triu(gram, diagonal=1) + torch.diag(torch.diagonal(gram) / 2.0)
+    return v @ torch.linalg.solve_triangular(t, v.T, upper=True) - eye
+
+
+ORTHOGONAL_MAPS = {"expm": expm_rotation, "cayley": cayley_rotation, "householder": householder_rotation}
+
+
+# --- training schedule ----------------------------------------------------------------------
+def curriculum_k(progress: float, k: int, k_start: int, frac: float, shape: CurriculumShape) -> int:
+    """The k of the dense-to-sparse curriculum at `progress` in [0, 1].
+
+    k goes from k_start (at progress 0) to k (at progress >= frac), then stays at k.
+    linear: straight line; cosine: half-cosine (slow start and end); exponential: geometric
+    interpolation k_start * (k / k_start)^t, i.e. the same number of steps per halving of k,
+    so small k (where the loss has signal) gets as much time as large k. Rounded to an int.
+    """
+    t = 1.0 if frac <= 0 else min(max(progress, 0.0) / frac, 1.0)
+    if shape == "linear":
+        value = k_start + (k - k_start) * t
+    elif shape == "cosine":
+        value = k + (k_start - k) * 0.5 * (1.0 + math.cos(math.pi * t))
+    elif shape == "exponential":
+        value = k_start * (k / k_start) ** t
+    else:
+        raise ValueError(f"cedar: curriculum_shape must be linear, cosine or exponential, got {shape!r}")
+    return int(min(max(round(value), k), k_start))
+
+
+def random_k_bounds(k_current: int, k_min: float) -> tuple[int, int]:
+    """(low, high) of the random k: high = k_current; low = round(k_min * k_current) when
+    0 < k_min < 1 (a fraction), else round(k_min) (an absolute number), clipped to 1..high."""
+    low = k_min * k_current if k_min < 1 else k_min
+    return max(1, min(int(round(low)), k_current)), k_current
+
+
+def sample_k(k_current: int, mode: RandomK, k_min: float, generator: torch.Generator) -> int:
+    """One k per batch between `random_k_bounds(k_current, k_min)`, inclusive.
+
+    uniform: every integer equally likely; loguniform: log k uniform (each halving of k equally
+    likely, so small k are visited as often as large ones). "none" returns k_current.
+    """
+    if mode == "none":
+        return k_current
+    low, high = random_k_bounds(k_current, k_min)
+    if low == high:
+        return high
+    u = float(torch.rand(1, generator=generator, device=generator.device).item())
+    if mode == "uniform":
+        value = low + math.floor(u * (high - low + 1))
+    elif mode == "loguniform":
+        value = math.floor(math.exp(math.log(low) + u * (math.log(high + 1) - math.log(low))))
+    else:
+        raise ValueError(f"cedar: random_k must be none, uniform or loguniform, got {mode!r}")
+    return int(min(max(value, low), high))
+
+
+class Cedar(RotationModel):
+    """CEDAR: learned rotation U = orth(A) with a top-k-abs bottleneck; signed codes, n_latents = d.
+
+    Options (keyword-only; all have defaults and are validated by params.yaml through this signature):
+    - `parametrization` ("expm"): the orthogonal map A -> U. "expm" = matrix_exp(A - A^T), the
+      paper's map, exact and complete but O(d^3) with an expensive backward (torch
+      differentiates it through a 2d x 2d matrix_exp): about 20x a TopK SAE step at d = 512
+      on one CPU core, 97% of it in A -> U (bench/bench_cedar_step.py). "cayley" (about 2.2x)
+      and "householder" (about 2.9x) are exactly orthogonal too; prefer them for large d on CPU.
+    - `init` ("identity"): A = 0 so U = I (training starts from the original coordinates).
+      "random" = A with i.i.d. N(0, init_scale^2 / d) entries, drawn from torch's RNG (seeded
+      by `build`). On the planted benchmark (d = 64) identity gives the lower FVU when
+      k/d <= 1/4, but for denser codes (k/d = 3/8) U = I sits on a plateau it never leaves
+      (axis recovery 0.34) while "random" escapes it (0.99); see bench/bench_planted.py.
+    - `init_scale` (0.8): size of the random init, scaled by 1/sqrt(d) so that the initial
+      rotation angles (about 2.8 * init_scale radians at most) do not depend on d; 0.8 is
+      the value that escaped the plateau above.
+    - `k_start` (0 = d): k at the start of the dense-to-sparse curriculum. Top-k is not
+      smooth and training from the sparse end trains badly (SPEC), so the default starts
+      fully dense. Must be 0 or in k..d.
+    - `curriculum_frac` (0.5): fraction of training over which k goes from k_start to k;
+      the second half trains at the target. 0 disables the curriculum.
+    - `curriculum_shape` ("exponential"): linear, cosine or exponential (geometric) decay;
+      geometric gives each halving of k equal time, which matters when k << d.
+    - `random_k` ("uniform"): per-batch random k between a lower bound and the current
+      curriculum value, so one rotation serves many k at inference. "none" trains at the
+      curriculum value only; "loguniform" favours small k.
+    - `random_k_min` (0.5): the lower bound; in (0, 1) a fraction of the current curriculum
+      value, >= 1 an absolute k. 0.5 covers an octave below the target, where evaluation
+      sweeps K, while the target k itself keeps most of the weight of training. For dense
+      codes (k/d >= 3/8 on the planted benchmark) "loguniform" with random_k_min = 2 also
+      lets U = I escape its plateau (recovery 0.998 at k/d = 3/8), at some FVU cost at k.
+    """
+
+    method = "cedar"
+    trainable = True
+
+    def __init__(
+        self,
+        d: int,
+        n_latents: int,
+        k: int,
+        *,
+        parametrization: Parametrization = "expm",
+        init: Literal["identity", "random"] = "identity",
+        init_scale: float = 0.8,
+        k_start: int = 0,
+        curriculum_frac: float = 0.5,
+        curriculum_shape: CurriculumShape = "exponential",
+        random_k: RandomK = "uniform",
+        random_k_min: float = 0.5,
+    ) -> None:
+        super().__init__(d, n_latents, k)
+        checks = [
+            (parametrization in ORTHOGONAL_MAPS, f"parametrization must be one of {sorted(ORTHOGONAL_MAPS)}, got {parametrization!r}"),
+            (init in ("identity", "random"), f"init must be 'identity' or 'random', got {init!r}"),
+            (init_scale >= 0 and math.isfinite(init_scale), f"init_scale must be finite and >= 0, got {init_scale}"),
+            (k_start == 0 or k <= k_start <= d, f"k_start must be 0 (= d) or in k..d = {k}..{d}, got {k_start}"),
+            (0 <= curriculum_frac <= 1, f"curriculum_frac must be in [0, 1], got {curriculum_frac}"),
+            (curriculum_shape in ("linear", "cosine", "exponential"), f"curriculum_shape must be linear, cosine or exponential, got {curriculum_shape!r}"),
+            (random_k in ("none", "uniform", "loguniform"), f"random_k must be none, uniform or loguniform, got {random_k!r}"),
+            (random_k_min > 0 and math.isfinite(random_k_min), f"random_k_min must be > 0 (a fraction below 1 or an absolute k), got {random_k_min}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"cedar: {message}")
+        self.parametrization: Parametrization = parametrization
+        self.init = init
+        self.init_scale = float(init_scale)
+        self.k_start = int(k_start)
+        self.curriculum_frac = float(curriculum_frac)
+        self.curriculum_shape: CurriculumShape = curriculum_shape
+        self.random_k: RandomK = random_k
+        self.random_k_min = float(random_k_min)
+        self.A = nn.Parameter(torch.zeros(d, d))
+        if init == "random":
+            with torch.no_grad():
+                self.A.normal_(0.0, self.init_scale / math.sqrt(d))
+        self._cache: tuple[tuple[Any, ...], Tensor] | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "parametrization": self.parametrization,
+            "init": self.init,
+            "init_scale": self.init_scale,
+            "k_start": self.k_start,
+            "curriculum_frac": self.curriculum_frac,
+            "curriculum_shape": self.curriculum_shape,
+            "random_k": self.random_k,
+            "random_k_min": self.random_k_min,
+        }
+
+    # --- the rotation -----------------------------------------------------------------
+    def rotation_matrix(self) -> Tensor:
+        """U = orth(A) (d, d), rows = axes.
+
+        With gradients enabled it is recomputed on every call (callers compute it once per
+        step). Without gradients (inference) it is cached until A changes: the key is A's
+        in-place version counter and storage, which optimiser steps, `load_state_dict` and
+        `.to()` all change. (Writing through `A.data` bypasses the counter; don't.)
+        """
+        if torch.is_grad_enabled():
+            return ORTHOGONAL_MAPS[self.parametrization](self.A)
+        key = (self.A._version, self.A.data_ptr(), self.A.device, self.A.dtype)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, ORTHOGONAL_MAPS[self.parametrization](self.A).detach())
+        return self._cache[1]
+
+    def train(self, mode: bool = True) -> "Cedar":
+        self._cache = None
+        return super().train(mode)
+
+    # --- training ----------------------------------------------------------------------
+    @property
+    def k_begin(self) -> int:
+        """The curriculum's starting k (k_start, with 0 meaning d)."""
+        return self.k_start or self.d
+
+    @property
+    def curriculum_end(self) -> float:
+        """Training progress at which k reaches its target. Validation FVU at the target k says
+        little before that, so early stopping should not count epochs before it."""
+        return self.curriculum_frac
+
+    def curriculum_k(self, progress: float) -> int:
+        """The curriculum value of k at `progress` in [0, 1] (see `curriculum_k`)."""
+        return curriculum_k(progress, self.k, self.k_begin, self.curriculum_frac, self.curriculum_shape)
+
+    def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """Mean L1 reconstruction loss at this batch's k; U computed once.
+
+        Stats: l0 (the batch's k = the exact number of active coordinates), k_curriculum, l1.
+        """
+        x = self._prepare(x)
+        k_current = self.curriculum_k(progress)
+        k = sample_k(k_current, self.random_k, self.random_k_min, generator)
+        loss, _ = self._loss(x, self.rotation_matrix(), k)
+        return loss, {"l0": torch.tensor(float(k)), "k_curriculum": torch.tensor(float(k_current)), "l1": loss.detach()}
+
+
+#: default learning rate of `fit`. Adam moves each entry of A by about lr per step; the shared
+#: SAE default (5e-4) leaves U near its start on the planted benchmark (axis recovery 0.38 at
+#: d = 64 after 20 epochs); 3e-3 to 1e-2 recovers it (exploratory runs in the setting of
+#: bench/bench_planted.py, which uses this default).
+DEFAULT_LR = 1e-2
+
+
+def fit(x: np.ndarray, k: int, seed: int = 0, **schedule: Any) -> Cedar:
+    """Train a CEDAR on an in-memory float array x (n, d) and return it (eval mode).
+
+    `schedule` takes Cedar options (parametrization, curriculum_frac, ...) and TrainSettings
+    fields (epochs, lr, batch_size, ...), in one flat namespace; `seed` seeds both the model
+    init and the training loop. Runs `pipeline.train.fit_array`, the same loop as the stage.
+    Defaults that differ from TrainSettings: lr = DEFAULT_LR (1e-2), and patience is extended
+    by the curriculum's share of the epochs (validation FVU at the target k says little while
+    k is still coming down).
+    """
+    import inspect
+
+    from pipeline.models import build
+    from pipeline.train import TrainSettings, fit_array, split_settings
+
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"cedar.fit: x must be a non-empty 2-D array (n, d), got shape {x.shape}")
+    model_keys = {name for name, p in inspect.signature(Cedar.__init__).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    known = model_keys | (set(TrainSettings.__dataclass_fields__) - {"seed"})
+    unknown = sorted(set(schedule) - known)
+    if unknown:
+        raise ValueError(f"cedar.fit: unknown schedule keys {unknown}; known: {sorted(known)}")
+    options, settings = split_settings({"lr": DEFAULT_LR, **schedule, "seed": seed})
+    model = build("cedar", d=x.shape[1], dict_size=x.shape[1], k=k, seed=seed, **options)
+    if "patience" not in schedule:
+        # validation FVU is measured at the target k, which the rotation is not yet trained
+        # for while the curriculum runs: don't let early stopping end training there
+        settings.patience += math.ceil(model.curriculum_frac * settings.epochs)
+    return fit_array(model, x, settings).model  # type: ignore[return-value]
