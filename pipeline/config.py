@@ -33,14 +33,23 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SceneKind(Strict):
+    """How many scenes of one kind to render, and how many intervention pairs (from its test split)."""
+
+    n_images: int = Field(ge=20)
+    n_pairs: int = Field(0, ge=0)
+    max_objects: int = Field(5, ge=1, le=9)  # multi-object scenes only
+
+
 class DataParams(Strict):
-    """The image source. `scenes` = the procedural offline world (pipeline.data.scenes)."""
+    """The image source. `scenes` = the procedural offline world (pipeline.data.scenes): `objects`
+    (CUB-like, one-hot attribute families, attribute-edit pairs) and/or `multi` (COCO-like,
+    multi-label categories, object-removal pairs)."""
 
     source: Literal["scenes"] = "scenes"
-    n_images: int = Field(3000, ge=20)
+    kinds: dict[Literal["objects", "multi"], SceneKind] = Field(min_length=1)
     image_size: int = Field(64, ge=32, le=512)
     split: tuple[float, float, float] = (0.8, 0.1, 0.1)
-    n_pairs: int = Field(300, ge=0)
 
     @field_validator("split")
     @classmethod
@@ -49,13 +58,21 @@ class DataParams(Strict):
             raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {list(v)}")
         return v
 
+    @model_validator(mode="after")
+    def _pairs_fit_the_test_split(self) -> "DataParams":
+        for kind, spec in self.kinds.items():
+            n_test = int(spec.n_images * self.split[2])
+            if spec.n_pairs > n_test:
+                raise ValueError(f"kinds.{kind}.n_pairs={spec.n_pairs} > about {n_test} test images (one pair per test image)")
+        return self
+
 
 class EncoderParams(Strict):
     """The embedded offline CLIP-like model (image CNN aligned to frozen all-MiniLM-L6-v2)."""
 
     kind: Literal["embedded"] = "embedded"
     embed_dim: int = Field(64, ge=4, le=1024)
-    width: int = Field(32, ge=4)
+    width: int = Field(24, ge=4)
     epochs: int = Field(15, ge=1)
     batch_size: int = Field(128, ge=2)
     lr: float = Field(2e-3, gt=0)
@@ -108,10 +125,35 @@ class Sweep(Strict):
 
 
 class EvaluateParams(Strict):
-    """`ks`: the K values of the FVU-vs-K curve (rotations re-sparsify at each; SAEs use their own k)."""
+    """Evaluation settings.
+
+    ks: K values of the FVU-vs-K curve (rotations re-sparsify at each; SAEs use their own k).
+    betas / match_ks: FBMP rules reported (F_beta of the residual; coalition sizes); the
+    recommended protocol (SPEC.md B) is beta 0.5, k 3, which TAPAScore uses (tapas_beta, tapas_k).
+    max_match_rows: training-split rows used to fit coalitions (subsampled with the seed).
+    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees.
+    """
 
     ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32], min_length=1)
     batch_size: int = Field(1024, ge=1)
+    betas: list[float] = Field(default_factory=lambda: [0.25, 0.5, 1.0], min_length=1)
+    match_ks: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], min_length=1)
+    tapas_beta: float = Field(0.5, gt=0)
+    tapas_k: int = Field(3, ge=1)
+    max_match_rows: int = Field(20_000, ge=10)
+    cknna_k: int = Field(10, ge=1)
+    cknna_max_n: int = Field(2000, ge=10)
+    fms_max_n: int = Field(2000, ge=10)
+
+    @model_validator(mode="after")
+    def _tapas_rule_is_reported(self) -> "EvaluateParams":
+        if self.tapas_k not in self.match_ks:
+            raise ValueError(f"tapas_k={self.tapas_k} must be one of match_ks {self.match_ks}")
+        if self.tapas_beta not in self.betas:
+            raise ValueError(f"tapas_beta={self.tapas_beta} must be one of betas {self.betas}")
+        if min(self.match_ks) < 1:
+            raise ValueError(f"match_ks: every k must be >= 1, got {self.match_ks}")
+        return self
 
 
 class ReportParams(Strict):
@@ -120,7 +162,7 @@ class ReportParams(Strict):
 
 class Params(Strict):
     seed: int = 0
-    data: DataParams = DataParams()
+    data: DataParams
     encoder: EncoderParams = EncoderParams()
     extract: ExtractParams = ExtractParams()
     train: TrainParams = TrainParams()

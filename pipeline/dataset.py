@@ -1,16 +1,24 @@
 """The on-disk dataset a `scenes`/data stage writes and later stages read.
 
+One dataset may hold several *kinds* of scene (e.g. CUB-like `objects` and COCO-like `multi`):
+their rows are stacked, their label columns side by side (an object attribute is simply false on
+a multi-object scene's row), and `source` says which kind each row is. Models train on all rows;
+concept metrics are computed per kind, on that kind's rows and columns only.
+
 Layout of a dataset directory (images as a uint8 zarr array, so extraction streams them in
 chunks; text as JSON, small):
 
     images.zarr              uint8 (n, H, W, 3)
     attributes.zarr          bool  (n, A)    binary attribute / category labels
     split.zarr               int8  (n,)      0 train, 1 validation, 2 test
-    meta.json                kind, attribute_names, families, captions, vocabulary, prompts, provenance
-    pairs/before.zarr        uint8 (p, H, W, 3)   intervention pairs (may be empty: p = 0)
+    source.zarr              int8  (n,)      index into meta["kinds"]
+    meta.json                kinds (name -> columns, families), attribute_names, captions, vocabulary,
+                             prompts, provenance
+    pairs/before.zarr        uint8 (p, H, W, 3)   intervention pairs of every kind (may be empty: p = 0)
     pairs/after.zarr         uint8 (p, H, W, 3)
     pairs/before_attributes.zarr, pairs/after_attributes.zarr   bool (p, A)
-    pairs/meta.json          base_index, family, removed, added  (attribute indices, -1 = none)
+    pairs/meta.json          kind, base_index (row in this dataset), family, removed, added
+                             (attribute columns of this dataset, -1 = none)
 """
 
 from __future__ import annotations
@@ -36,13 +44,18 @@ class Pairs:
     after: Store
     before_attributes: np.ndarray  # bool (p, A)
     after_attributes: np.ndarray  # bool (p, A)
-    base_index: np.ndarray  # int64 (p,)
+    base_index: np.ndarray  # int64 (p,) row of the base image in the dataset
     family: list[str]
     removed: np.ndarray  # int64 (p,)
     added: np.ndarray  # int64 (p,), -1 = none
+    kind: list[str]
 
     def __len__(self) -> int:
         return len(self.base_index)
+
+    def of_kind(self, kind: str) -> np.ndarray:
+        """Indices (int64) of the pairs of one kind."""
+        return np.flatnonzero(np.asarray(self.kind) == kind)
 
 
 @dataclass
@@ -53,16 +66,25 @@ class Dataset:
     meta: dict[str, Any]
 
     @property
-    def kind(self) -> str:
-        return self.meta["kind"]
+    def kinds(self) -> list[str]:
+        """Kinds of scene in this dataset, in row-block order."""
+        return list(self.meta["kinds"])
+
+    def columns(self, kind: str) -> list[int]:
+        """The attribute columns that label rows of `kind`."""
+        return self.meta["kinds"][kind]["columns"]
+
+    def families(self, kind: str) -> dict[str, list[int]]:
+        """Attribute families of `kind` (dataset column indices)."""
+        return self.meta["kinds"][kind]["families"]
+
+    def one_hot(self, kind: str) -> bool:
+        """Whether every family of `kind` is one-hot (one value per image): objects yes, multi-label no."""
+        return bool(self.meta["kinds"][kind]["one_hot"])
 
     @property
     def attribute_names(self) -> list[str]:
         return self.meta["attribute_names"]
-
-    @property
-    def families(self) -> dict[str, list[int]]:
-        return self.meta["families"]
 
     @property
     def captions(self) -> list[str]:
@@ -88,9 +110,16 @@ class Dataset:
     def split(self) -> np.ndarray:
         return open_store(self.root / "split.zarr").read().astype(np.int8)
 
-    def rows(self, split: str) -> np.ndarray:
-        """Row indices (int64, ascending) of a split: 'train', 'val' or 'test'."""
-        return np.flatnonzero(self.split == SPLITS[split])
+    @cached_property
+    def source(self) -> np.ndarray:
+        return open_store(self.root / "source.zarr").read().astype(np.int8)
+
+    def rows(self, split: str, kind: str | None = None) -> np.ndarray:
+        """Row indices (int64, ascending) of a split ('train', 'val', 'test'), optionally of one kind."""
+        selected = self.split == SPLITS[split]
+        if kind is not None:
+            selected &= self.source == self.kinds.index(kind)
+        return np.flatnonzero(selected)
 
     @cached_property
     def pairs(self) -> Pairs:
@@ -104,6 +133,7 @@ class Dataset:
             family=list(meta["family"]),
             removed=np.asarray(meta["removed"], dtype=np.int64),
             added=np.asarray(meta["added"], dtype=np.int64),
+            kind=list(meta["kind"]),
         )
 
 
@@ -116,31 +146,61 @@ def open_dataset(root: str | Path) -> Dataset:
     return Dataset(root, json.loads(meta_path.read_text()))
 
 
-def write_dataset(root: Path, scenes: Any, pairs: Any, vocabulary: list[str], prompts: dict[str, list[str]], provenance: dict[str, Any]) -> None:
-    """Write a `SceneSet` and its `PairSet` (pipeline.data.scenes) into `root` in the layout above."""
+def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str], prompts: dict[str, list[str]], provenance: dict[str, Any]) -> None:
+    """Write (SceneSet, PairSet) parts (pipeline.data.scenes), one per kind, stacked into `root`.
+
+    Row blocks follow `parts` order; label columns are the parts' columns side by side, so each
+    part's attribute, family and pair indices are shifted by the columns before it.
+    """
+    if not parts:
+        raise ValueError("write_dataset: no scene sets given")
     root.mkdir(parents=True, exist_ok=True)
     fp = {"provenance": provenance}
-    write_array(root / "images.zarr", scenes.images, fingerprint=fp)
-    write_array(root / "attributes.zarr", scenes.attributes.astype(bool), fingerprint=fp)
-    write_array(root / "split.zarr", scenes.split.astype(np.int8), fingerprint=fp)
+    n_total = sum(len(s.images) for s, _ in parts)
+    a_total = sum(s.attributes.shape[1] for s, _ in parts)
+    attributes = np.zeros((n_total, a_total), dtype=bool)
+    before_attr = np.zeros((sum(len(p.base_index) for _, p in parts), a_total), dtype=bool)
+    after_attr = np.zeros_like(before_attr)
+    kinds: dict[str, Any] = {}
+    names: list[str] = []
+    pair_meta: dict[str, list[Any]] = {"kind": [], "base_index": [], "family": [], "removed": [], "added": []}
+    row = col = pair = 0
+    for scenes, pairs in parts:
+        n, a, p = len(scenes.images), scenes.attributes.shape[1], len(pairs.base_index)
+        attributes[row : row + n, col : col + a] = scenes.attributes
+        before_attr[pair : pair + p, col : col + a] = pairs.before_attributes
+        after_attr[pair : pair + p, col : col + a] = pairs.after_attributes
+        one_hot = bool(scenes.attributes.size) and all((scenes.attributes[:, c].sum(axis=1) == 1).all() for c in scenes.families.values())
+        kinds[scenes.kind] = {
+            "columns": list(range(col, col + a)),
+            "families": {f: [int(c) + col for c in cols] for f, cols in scenes.families.items()},
+            "one_hot": one_hot,
+            "n": n,
+        }
+        names.extend(scenes.attribute_names)
+        pair_meta["kind"] += [scenes.kind] * p
+        pair_meta["base_index"] += (np.asarray(pairs.base_index) + row).tolist()
+        pair_meta["family"] += list(pairs.family)
+        pair_meta["removed"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.removed)]
+        pair_meta["added"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.added)]
+        row, col, pair = row + n, col + a, pair + p
+    write_array(root / "images.zarr", np.concatenate([s.images for s, _ in parts]), fingerprint=fp)
+    write_array(root / "attributes.zarr", attributes, fingerprint=fp)
+    write_array(root / "split.zarr", np.concatenate([s.split for s, _ in parts]).astype(np.int8), fingerprint=fp)
+    write_array(root / "source.zarr", np.concatenate([np.full(len(s.images), i, np.int8) for i, (s, _) in enumerate(parts)]), fingerprint=fp)
     (root / "pairs").mkdir(exist_ok=True)
-    write_array(root / "pairs" / "before.zarr", pairs.before, fingerprint=fp)
-    write_array(root / "pairs" / "after.zarr", pairs.after, fingerprint=fp)
-    write_array(root / "pairs" / "before_attributes.zarr", pairs.before_attributes.astype(bool), fingerprint=fp)
-    write_array(root / "pairs" / "after_attributes.zarr", pairs.after_attributes.astype(bool), fingerprint=fp)
-    (root / "pairs" / "meta.json").write_text(json.dumps({
-        "base_index": np.asarray(pairs.base_index).tolist(),
-        "family": list(pairs.family),
-        "removed": np.asarray(pairs.removed).tolist(),
-        "added": np.asarray(pairs.added).tolist(),
-    }))
+    write_array(root / "pairs" / "before.zarr", np.concatenate([p.before for _, p in parts]), fingerprint=fp)
+    write_array(root / "pairs" / "after.zarr", np.concatenate([p.after for _, p in parts]), fingerprint=fp)
+    write_array(root / "pairs" / "before_attributes.zarr", before_attr, fingerprint=fp)
+    write_array(root / "pairs" / "after_attributes.zarr", after_attr, fingerprint=fp)
+    write_array(root / "pairs" / "edit_mask.zarr", np.concatenate([p.edit_mask for _, p in parts]).astype(bool), fingerprint=fp)
+    (root / "pairs" / "meta.json").write_text(json.dumps(pair_meta))
     meta = {
-        "kind": scenes.kind,
-        "n": int(len(scenes.images)),
-        "image_size": int(scenes.images.shape[1]),
-        "attribute_names": list(scenes.attribute_names),
-        "families": {k: [int(i) for i in v] for k, v in scenes.families.items()},
-        "captions": list(scenes.captions),
+        "kinds": kinds,
+        "n": int(n_total),
+        "image_size": int(parts[0][0].images.shape[1]),
+        "attribute_names": names,
+        "captions": [c for s, _ in parts for c in s.captions],
         "vocabulary": list(vocabulary),
         "prompts": prompts,
         "provenance": provenance,

@@ -200,7 +200,9 @@ def fit(
         if record["val_fvu"] < state.best_fvu - 1e-6:
             state.best_fvu, state.best_epoch, state.bad_epochs = record["val_fvu"], epoch + 1, 0
             best_weights = copy.deepcopy(model.state_dict())
-        else:
+        elif state.step / total >= getattr(model, "curriculum_end", 0.0):
+            # patience counts only once a curriculum (CEDAR's dense-to-sparse k) has reached its target:
+            # before that, validation at the target k need not improve from epoch to epoch.
             state.bad_epochs += 1
         if save_state:
             save_state(model, optimizer, state, best_weights)

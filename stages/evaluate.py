@@ -1,10 +1,14 @@
-"""Stage `evaluate`: metrics of one trained run and of its untrained twin on the test split.
+"""Stage `evaluate`: metrics of one trained run, its untrained twin and random codes.
 
-For the trained model and the untrained model of the same method, size and seed (initial
-weights, data-dependent init only, same sparsifier): dataset-level FVU (float64), mean L0 and
-dead-latent fraction at the run's k; for rotation methods the FVU-vs-K curve at every
-`evaluate.ks` from the one trained rotation. Outputs store/eval/<run>/metrics.json (DVC
-metrics) and store/eval/<run>/fvu_curve.json (DVC plots). Reads params: seed, evaluate.
+Reconstruction (test split): for the trained model and the untrained model of the same method,
+size and seed (initial weights, data-dependent init only, same sparsifier): dataset-level FVU
+(float64), mean L0 and dead-latent fraction at the run's k; for rotation methods the FVU-vs-K
+curve at every `evaluate.ks` from the one trained rotation.
+Concepts (`pipeline.evaluation`): MATCHScores (FBMP for each beta and k, one-to-one),
+Delta-MATCHScore, TAPAScore and Delta-stay on the intervention pairs, CKNNA, FMS and linear-probe
+loss, for trained, untrained and random codes.
+Outputs store/eval/<run>/metrics.json (DVC metrics) and fvu_curve.json (DVC plots).
+Reads params: seed, evaluate.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import numpy as np
 import torch
 
 from pipeline.config import Params, Run, load_params
-from pipeline.dataset import open_dataset
+from pipeline.dataset import Dataset, open_dataset
+from pipeline.evaluation import ConceptData, ConceptSettings, concept_metrics
 from pipeline.metrics.reconstruction import ReconstructionAccumulator
 from pipeline.models import build
 from pipeline.models.base import SparseModel
@@ -51,6 +56,33 @@ def untrained_twin(params: Params, cell: Run, d: int, store: Store, train_rows: 
     return model.eval()
 
 
+def concept_data(params: Params, data: Dataset, kind: str, pair_codes: tuple[np.ndarray, np.ndarray], store: Store) -> ConceptData:
+    """One kind's matching rows (training split, subsampled), test rows and pairs, with labels restricted
+    to that kind's columns (attribute indices local to them)."""
+    train_rows, test_rows = data.rows("train", kind), data.rows("test", kind)
+    rng = np.random.default_rng(params.seed)
+    match_rows = np.sort(rng.choice(train_rows, size=min(params.evaluate.max_match_rows, len(train_rows)), replace=False))
+    columns = np.asarray(data.columns(kind))
+    first = int(columns[0])
+    pairs = data.pairs
+    which = pairs.of_kind(kind)
+    local = lambda index: np.where(index >= 0, index - first, -1)  # noqa: E731  (dataset column -> kind column)
+    attributes = data.attributes[:, columns]
+    return ConceptData(
+        x_match=store.take(match_rows), y_match=attributes[match_rows],
+        x_test=store.take(test_rows), y_test=attributes[test_rows],
+        families={f: [c - first for c in cols] for f, cols in data.families(kind).items()} if data.one_hot(kind) else {},
+        pairs_before=pair_codes[0][which], pairs_after=pair_codes[1][which],
+        pairs_present=pairs.before_attributes[which][:, columns], pairs_added=local(pairs.added[which]), pairs_removed=local(pairs.removed[which]),
+    )
+
+
+def concept_settings(params: Params) -> ConceptSettings:
+    e = params.evaluate
+    return ConceptSettings(betas=tuple(e.betas), ks=tuple(e.match_ks), tapas_beta=e.tapas_beta, tapas_k=e.tapas_k,
+                           cknna_k=e.cknna_k, cknna_max_n=e.cknna_max_n, fms_max_n=e.fms_max_n, seed=params.seed)
+
+
 def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
     data = open_dataset(layout.data)
     store = open_store(layout.embeddings / "images.zarr")
@@ -73,10 +105,13 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
         for name, stats in (("trained", trained), ("untrained", untrained)):
             curve.append({"run": cell.name, "method": cell.method, "model": name, "k": cell.k, "K": stats["l0"], "fvu": stats["fvu"]})
     history = json.loads((model_dir / "history.json").read_text())
+    pair_codes = (open_store(layout.embeddings / "pairs_before.zarr").read(), open_store(layout.embeddings / "pairs_after.zarr").read())
+    concepts = {kind: concept_metrics(model, twin, concept_data(params, data, kind, pair_codes, store), concept_settings(params)) for kind in data.kinds}
     metrics = {
         "run": cell.name, "method": cell.method, "size": config["n_latents"], "k": cell.k, "rotation": cell.rotation,
         "trained": trained, "untrained": untrained, "n_test": int(len(test_rows)),
         "train_seconds": history.get("seconds"), "best_epoch": history.get("best_epoch"),
+        "concepts": concepts,
     }
     out = layout.evals / cell.name
     tmp = out.with_name(out.name + ".tmp")
@@ -87,6 +122,9 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
     (tmp / "fvu_curve.json").write_text(json.dumps(curve, indent=1))
     replace_dir(tmp, out)
     log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f)", cell.name, trained["fvu"], trained["l0"], untrained["fvu"])
+    for kind, c in concepts.items():
+        log.info("%s %s: MATCHScore %.3f (delta %.3f), TAPAScore %s", cell.name, kind, c["trained"]["match_score"], c["delta_match_score"],
+                 (c["trained"]["tapas"] or {}).get("score"))
     return metrics
 
 

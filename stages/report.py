@@ -37,10 +37,16 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         title=params.report.title,
         code_version=code_version(layout.root),
         params_yaml=params_text,
-        dataset={"kind": data.kind, "n": data.meta["n"], "n_attributes": len(data.attribute_names)},
+        dataset={"kinds": {k: {"n": v["n"], "n_attributes": len(v["columns"]), "one_hot": v["one_hot"]} for k, v in data.meta["kinds"].items()},
+                 "n": data.meta["n"], "n_attributes": len(data.attribute_names)},
         encoder=encoder,
         runs=runs,
-        figures={"fvu_vs_k": figures.fvu_vs_k(curves), "zero_shot": figures.zero_shot(encoder["zero_shot"])},
+        figures={
+            "fvu_vs_k": figures.fvu_vs_k(curves),
+            "zero_shot": figures.zero_shot(encoder["zero_shot"]),
+            **{f"sanity_{kind}": figures.sanity_panel(runs, kind) for kind in data.kinds},
+            **{f"scores_{kind}": figures.scores_vs_size(runs, kind) for kind in data.kinds if any(not r["rotation"] for r in runs)},
+        },
     )
     html = render(report)
     layout.report.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import logging
 import shutil
 import time
 
-from pipeline.config import Params, load_params
+from pipeline.config import DataParams, Params, SceneKind, load_params
 from pipeline.data import scenes as world
 from pipeline.dataset import write_dataset
 from pipeline.paths import Layout
@@ -21,18 +21,29 @@ from stages._cli import exit_with, parser, run_main
 log = logging.getLogger(__name__)
 
 
+def render_kind(kind: str, spec: SceneKind, data: DataParams, seed: int) -> tuple[world.SceneSet, world.PairSet]:
+    """One kind of scene and its intervention pairs (from its test split)."""
+    start = time.perf_counter()
+    split = tuple(data.split)
+    if kind == "objects":
+        scenes = world.generate_objects(spec.n_images, image_size=data.image_size, seed=seed, split=split)
+        pairs = world.object_pairs(scenes, min(spec.n_pairs, int((scenes.split == 2).sum())), seed=seed + 1)
+    else:
+        scenes = world.generate_multi(spec.n_images, image_size=data.image_size, seed=seed, split=split, max_objects=spec.max_objects)
+        pairs = world.multi_pairs(scenes, min(spec.n_pairs, int((scenes.split == 2).sum())), seed=seed + 1)
+    log.info("%s: rendered %d images and %d pairs in %.1fs", kind, len(scenes.images), len(pairs.base_index), time.perf_counter() - start)
+    return scenes, pairs
+
+
 def run(params: Params, layout: Layout) -> None:
     data = params.data
-    start = time.perf_counter()
-    scenes = world.generate_objects(data.n_images, image_size=data.image_size, seed=params.seed, split=tuple(data.split))
-    n_test = int((scenes.split == 2).sum())
-    pairs = world.object_pairs(scenes, min(data.n_pairs, n_test), seed=params.seed + 1)
-    log.info("rendered %d images and %d pairs in %.1fs", len(scenes.images), len(pairs.base_index), time.perf_counter() - start)
+    parts = [render_kind(kind, spec, data, params.seed) for kind, spec in data.kinds.items()]
+    prompts = {family: p for scenes, _ in parts if scenes.kind == "objects" for family, p in world.zero_shot_prompts(scenes).items()}
     tmp = layout.data.with_name(layout.data.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     provenance = {"producer": "stages.scenes", "code": code_version(layout.root), "params": {"seed": params.seed, "data": data.model_dump()}}
-    write_dataset(tmp, scenes, pairs, world.vocabulary(scenes), world.zero_shot_prompts(scenes), provenance)
+    write_dataset(tmp, parts, world.vocabulary(), prompts, provenance)
     replace_dir(tmp, layout.data)
 
 

@@ -52,8 +52,8 @@ def test_unknown_key_is_named():
 
 def test_wrong_type_is_named():
     raw = tiny()
-    raw["data"]["n_images"] = "many"
-    assert error_of(raw).startswith("params.yaml: data.n_images: Input should be a valid integer")
+    raw["data"]["kinds"]["objects"]["n_images"] = "many"
+    assert error_of(raw).startswith("params.yaml: data.kinds.objects.n_images: Input should be a valid integer")
 
 
 def test_k_larger_than_dictionary_size_is_rejected():
@@ -100,7 +100,21 @@ def test_per_method_train_overrides_apply():
     raw["methods"]["topk"] = {"train": {"lr": 0.01, "epochs": 2}}
     params = validate_params(raw)
     assert params.train_settings("topk").lr == 0.01 and params.train_settings("topk").epochs == 2
-    assert params.train_settings("cedar").lr == raw["train"]["lr"]
+    assert params.train_settings("cedar").lr == raw["methods"]["cedar"]["train"]["lr"] != raw["train"]["lr"]
+    del raw["methods"]["cedar"]["train"]
+    assert validate_params(raw).train_settings("cedar").lr == raw["train"]["lr"]
+
+
+def test_more_pairs_than_test_images_is_rejected():
+    raw = tiny()
+    raw["data"]["kinds"]["multi"]["n_pairs"] = 500
+    assert "data: kinds.multi.n_pairs=500 > about 24 test images" in error_of(raw)
+
+
+def test_evaluate_tapas_rule_must_be_reported():
+    raw = tiny()
+    raw["evaluate"]["tapas_k"] = 9
+    assert "evaluate: tapas_k=9 must be one of match_ks [1, 2, 3, 4, 5]" in error_of(raw)
 
 
 def test_bad_split_and_broken_yaml(tmp_path):
@@ -128,6 +142,6 @@ def test_cli_validate_and_preset(tmp_path, capsys):
     assert "local edits" in capsys.readouterr().err
     assert cli(["preset", "tiny", "--params", str(target), "--force"]) == 0
     assert target.read_text() == preset_text("tiny")
-    target.write_text("seed: 1\nsweep: {rotation: {methods: [cedar], ks: [99]}, sae: {methods: [topk], dict_sizes: [8], ks: [4]}}\nmethods: {cedar: {}, topk: {}}\n")
+    target.write_text("seed: 1\ndata: {kinds: {objects: {n_images: 100}}}\nsweep: {rotation: {methods: [cedar], ks: [99]}, sae: {methods: [topk], dict_sizes: [8], ks: [4]}}\nmethods: {cedar: {}, topk: {}}\n")
     assert cli(["validate", str(target)]) == 2
     assert "sweep.rotation.ks[0]: k=99" in capsys.readouterr().err

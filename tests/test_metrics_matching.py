@@ -149,3 +149,16 @@ def test_bad_inputs_raise_clear_errors() -> None:
     short = one_to_one(active, labels[:, :2])
     with pytest.raises(ValueError, match="attributes"):
         delta_match_score(short, one_to_one(active, labels))
+
+
+def test_coalition_f1_scores_given_coalitions_on_new_rows():
+    from pipeline.metrics.matching import coalition_f1
+
+    active = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]], dtype=bool)
+    labels = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool)
+    # attribute 0 <- latents {0, 1}: predicted rows 0, 1, 3; true rows 0, 1 -> F1 = 2*2/(2+3) = 0.8
+    # attribute 1 <- latent {2}: predicted row 2; true rows 2, 3 -> F1 = 2*1/(2+1) = 2/3
+    f1 = coalition_f1(active, labels, [np.array([0, 1]), np.array([2])])
+    np.testing.assert_allclose(f1, [0.8, 2 / 3])
+    fitted = fbmp(active, labels, beta=0.5, k=3)
+    np.testing.assert_allclose(coalition_f1(active, labels, fitted.coalitions), fitted.f1)

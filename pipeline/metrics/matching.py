@@ -182,3 +182,21 @@ def delta_match_score(trained: Matching, untrained: Matching) -> float:
             f"untrained: expected {trained.f1.shape[0]} attributes like trained, got {untrained.f1.shape[0]}"
         )
     return float(trained.score - untrained.score)
+
+
+def coalition_f1(active: np.ndarray, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
+    """(A,) F1 of the OR of each attribute's coalition against its labels, on any (e.g. held-out) rows.
+
+    active: (n, L) bool; labels: (n, A) bool; coalitions: one int array per attribute (from a
+    Matching fitted elsewhere). One (n, L) x (L, A) product gives every coalition's OR at once.
+    """
+    _check_bool("active", active)
+    _check_bool("labels", labels)
+    if len(coalitions) != labels.shape[1]:
+        raise ValueError(f"coalitions: expected one per attribute ({labels.shape[1]}), got {len(coalitions)}")
+    member = np.zeros((active.shape[1], labels.shape[1]), dtype=np.float32)
+    for a, coalition in enumerate(coalitions):
+        member[np.asarray(coalition, dtype=np.int64), a] = 1.0
+    yhat = (active.astype(np.float32) @ member) > 0
+    tp = np.count_nonzero(yhat & labels, axis=0)
+    return _f1_from_counts(tp, labels.sum(axis=0), yhat.sum(axis=0))

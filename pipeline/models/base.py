@@ -43,8 +43,9 @@ def array_io(method: F) -> F:
         array = np.asarray(x)
         if array.dtype.kind not in "fiu":
             raise TypeError(f"{type(self).__name__}.{method.__name__}: expected a numeric array, got dtype {array.dtype}")
-        device = next(iter(self.parameters()), None)
-        device = device.device if device is not None else torch.device("cpu")
+        tensor = next(iter(self.parameters()), None)
+        tensor = tensor if tensor is not None else next(iter(self.buffers()), None)
+        device = tensor.device if tensor is not None else torch.device("cpu")
         with torch.no_grad():
             out = method(self, torch.as_tensor(array, dtype=torch.float32, device=device), *args, **kwargs)
         return out.detach().cpu().numpy()

@@ -41,3 +41,63 @@ def zero_shot(accuracy: dict[str, dict[str, float]]) -> go.Figure:
     fig.update_layout(yaxis_title="accuracy (test split)", yaxis_range=[0, 1], barmode="group", template="plotly_white",
                       height=360, margin={"t": 30})
     return fig
+
+
+VARIANT_COLOURS = {"trained": "#2458c6", "untrained": "#e8a33d", "random": "#9aa4b2"}
+SANITY_METRICS = [
+    ("match_score", "MATCHScore (FBMP)"),
+    ("tapas", "TAPAScore"),
+    ("cknna", "CKNNA"),
+    ("fms", "FMS"),
+]
+
+
+def sanity_value(variant: dict[str, Any], key: str) -> float | None:
+    """One headline number of a variant's concept metrics (None where it does not exist)."""
+    if key == "tapas":
+        return None if variant.get("tapas") is None else variant["tapas"]["score"]
+    return variant.get(key)
+
+
+def sanity_panel(runs: list[dict[str, Any]], kind: str) -> go.Figure:
+    """Trained vs untrained vs random codes, per run, for each concept metric (SPEC.md B sanity check)."""
+    from plotly.subplots import make_subplots
+
+    names = [r["run"] for r in runs]
+    fig = make_subplots(rows=len(SANITY_METRICS), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=[title for _, title in SANITY_METRICS])
+    for row, (key, _) in enumerate(SANITY_METRICS, start=1):
+        for variant, colour in VARIANT_COLOURS.items():
+            values = [sanity_value(r["concepts"][kind][variant], key) for r in runs]
+            fig.add_trace(go.Bar(x=names, y=values, name=variant, marker_color=colour, legendgroup=variant, showlegend=row == 1,
+                                 hovertemplate=f"%{{x}}<br>{variant}: %{{y:.3f}}<extra></extra>"), row=row, col=1)
+    fig.update_layout(barmode="group", template="plotly_white", height=260 * len(SANITY_METRICS), margin={"t": 40})
+    return fig
+
+
+def scores_vs_size(runs: list[dict[str, Any]], kind: str) -> go.Figure:
+    """MATCHScore and TAPAScore of trained SAEs against dictionary size, one line per (method, k)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["MATCHScore (FBMP)", "Delta-MATCHScore", "TAPAScore"])
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        if not r["rotation"]:
+            groups.setdefault((r["method"], r["k"]), []).append(r)
+    palette = ["#2458c6", "#e8a33d", "#1a7f37", "#b42318", "#7b4bc4", "#0e8a8a", "#c4458a", "#6b7686"]
+    for i, ((method, k), members) in enumerate(sorted(groups.items())):
+        members = sorted(members, key=lambda r: r["size"])
+        sizes = [r["size"] for r in members]
+        series = [
+            [r["concepts"][kind]["trained"]["match_score"] for r in members],
+            [r["concepts"][kind]["delta_match_score"] for r in members],
+            [sanity_value(r["concepts"][kind]["trained"], "tapas") for r in members],
+        ]
+        for col, ys in enumerate(series, start=1):
+            fig.add_trace(go.Scatter(x=sizes, y=ys, mode="lines+markers", name=f"{method} k={k}", legendgroup=f"{method}-{k}",
+                                     line={"color": palette[i % len(palette)], "dash": "solid" if i < len(palette) else "dot"},
+                                     showlegend=col == 1, hovertemplate=f"{method} k={k}<br>size %{{x}}<br>%{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
+    fig.update_xaxes(type="log", title_text="dictionary size")
+    fig.update_layout(template="plotly_white", height=420, margin={"t": 40})
+    return fig

@@ -45,4 +45,12 @@ def render(data: ReportData) -> str:
         plotly_js=Markup(get_plotlyjs()),
         figures={name: figure_html(name, fig) for name, fig in data.figures.items()},
         json=json,
+        fmt=fmt,
     )
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a table cell; '–' for missing or NaN values."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    return f"{value:.{digits}f}"
