@@ -17,7 +17,7 @@ import inspect
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
@@ -41,10 +41,10 @@ class SceneKind(Strict):
     max_objects: int = Field(5, ge=1, le=9)  # multi-object scenes only
 
 
-class DataParams(Strict):
-    """The image source. `scenes` = the procedural offline world (pipeline.data.scenes): `objects`
-    (CUB-like, one-hot attribute families, attribute-edit pairs) and/or `multi` (COCO-like,
-    multi-label categories, object-removal pairs)."""
+class ScenesData(Strict):
+    """The procedural offline world (pipeline.data.scenes): `objects` (CUB-like, one-hot attribute
+    families, attribute-edit pairs) and/or `multi` (COCO-like, multi-label categories, object-removal
+    pairs)."""
 
     source: Literal["scenes"] = "scenes"
     kinds: dict[Literal["objects", "multi"], SceneKind] = Field(min_length=1)
@@ -54,12 +54,10 @@ class DataParams(Strict):
     @field_validator("split")
     @classmethod
     def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
-        if min(v) <= 0 or abs(sum(v) - 1.0) > 1e-6:
-            raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {list(v)}")
-        return v
+        return _check_split(v)
 
     @model_validator(mode="after")
-    def _pairs_fit_the_test_split(self) -> "DataParams":
+    def _pairs_fit_the_test_split(self) -> "ScenesData":
         for kind, spec in self.kinds.items():
             n_test = int(spec.n_images * self.split[2])
             if spec.n_pairs > n_test:
@@ -67,8 +65,46 @@ class DataParams(Strict):
         return self
 
 
-class EncoderParams(Strict):
-    """The embedded offline CLIP-like model (image CNN aligned to frozen all-MiniLM-L6-v2)."""
+class FileData(Strict):
+    """A real dataset on disk (pipeline.data loaders): `folders` (root/<class>/*.jpg), `cub`
+    (CUB_200_2011 layout), `coco` (annotations/instances_<coco_split>.json + images), `syn`
+    (a local synCUB/synCOCO copy, or its hub name jokl/syncub | jokl/syncoco with a network).
+    Images are decoded once, resized to image_size and stored as uint8 by the data stage;
+    unreadable images are skipped and listed (on_bad_image: skip) or stop the stage (fail)."""
+
+    source: Literal["folders", "cub", "coco", "syn"]
+    root: str = Field(min_length=1)
+    image_size: int = Field(224, ge=32, le=1024)
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    coco_split: str = "val2017"
+    on_bad_image: Literal["skip", "fail"] = "skip"
+    workers: int = Field(2, ge=0)
+
+    @field_validator("split")
+    @classmethod
+    def _split_sums_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        return _check_split(v)
+
+    @model_validator(mode="after")
+    def _root_exists(self) -> "FileData":
+        if self.source == "syn" and self.root.startswith("jokl/"):
+            return self  # a hub name: resolved by the loader, which fails fast offline
+        if not Path(self.root).exists():
+            raise ValueError(f"root: {self.root}: no such file or directory")
+        return self
+
+
+def _check_split(v: tuple[float, float, float]) -> tuple[float, float, float]:
+    if min(v) <= 0 or abs(sum(v) - 1.0) > 1e-6:
+        raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {list(v)}")
+    return v
+
+
+DataParams = Annotated[Union[ScenesData, FileData], Field(discriminator="source")]
+
+
+class EmbeddedEncoder(Strict):
+    """The embedded offline CLIP-like model, trained by the encoder stage (image CNN aligned to frozen all-MiniLM-L6-v2)."""
 
     kind: Literal["embedded"] = "embedded"
     embed_dim: int = Field(64, ge=4, le=1024)
@@ -77,6 +113,40 @@ class EncoderParams(Strict):
     batch_size: int = Field(128, ge=2)
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(1e-4, ge=0)
+
+    @property
+    def dim(self) -> int:
+        return self.embed_dim
+
+
+class PretrainedEncoder(Strict):
+    """A pretrained model (pipeline.encoders.registry): open_clip (arch + weights tag or local file),
+    hf_clip / dinov2 / blip (hub id or local folder). Weights come from the local cache or a path;
+    offline, a missing hub id fails at once. `dim` (optional) lets the schema check k <= d early."""
+
+    kind: Literal["open_clip", "hf_clip", "dinov2", "blip"]
+    arch: str | None = None
+    weights: str | None = None
+    model: str | None = None
+    dim: int | None = Field(None, ge=1)
+    device: str = "auto"
+
+    @model_validator(mode="after")
+    def _names_its_model(self) -> "PretrainedEncoder":
+        if self.kind == "open_clip" and not self.arch:
+            raise ValueError("open_clip needs `arch` (e.g. ViT-B-32) and usually `weights` (a tag or a local file)")
+        if self.kind != "open_clip" and not self.model:
+            raise ValueError(f"{self.kind} needs `model` (a hub id or a local folder)")
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """The registry spec (pipeline.encoders.registry.load_encoder)."""
+        if self.kind == "open_clip":
+            return {"kind": "open_clip", "arch": self.arch, "weights": self.weights, "device": self.device}
+        return {"kind": self.kind, "model": self.model, "device": self.device}
+
+
+EncoderParams = Annotated[Union[EmbeddedEncoder, PretrainedEncoder], Field(discriminator="kind")]
 
 
 class ExtractParams(Strict):
@@ -156,6 +226,28 @@ class EvaluateParams(Strict):
         return self
 
 
+class PlantedParams(Strict):
+    """The planted-structure recovery benchmark (synthetic z = Q^T s + b + noise, k-sparse s)."""
+
+    d: int = Field(32, ge=2, le=1024)
+    n: int = Field(4000, ge=100)
+    ks: list[int] = Field(default_factory=lambda: [4], min_length=1)
+    noises: list[float] = Field(default_factory=lambda: [0.01, 0.1], min_length=1)
+    epochs: int = Field(20, ge=1)
+    methods: list[str] = Field(default_factory=lambda: ["cedar", "identity", "pca", "ica", "random_rotation"], min_length=1)
+
+    @model_validator(mode="after")
+    def _valid(self) -> "PlantedParams":
+        from pipeline.models import ROTATION_METHODS
+
+        bad = [m for m in self.methods if m not in ROTATION_METHODS]
+        if bad:
+            raise ValueError(f"methods: {bad} are not rotation methods ({', '.join(sorted(ROTATION_METHODS))})")
+        if any(not 1 <= k <= self.d for k in self.ks):
+            raise ValueError(f"ks: every k must be in 1..d={self.d}, got {self.ks}")
+        return self
+
+
 class ReportParams(Strict):
     title: str = "CEDAR: interpretable embeddings"
 
@@ -163,18 +255,30 @@ class ReportParams(Strict):
 class Params(Strict):
     seed: int = 0
     data: DataParams
-    encoder: EncoderParams = EncoderParams()
+    encoder: EncoderParams = EmbeddedEncoder()
     extract: ExtractParams = ExtractParams()
     train: TrainParams = TrainParams()
     sweep: Sweep
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict)
     evaluate: EvaluateParams = EvaluateParams()
+    planted: PlantedParams = PlantedParams()
     report: ReportParams = ReportParams()
 
     @property
-    def d(self) -> int:
-        """The embedding dimension the models see."""
-        return self.encoder.embed_dim
+    def d(self) -> int | None:
+        """The embedding dimension the models see, when params know it (embedded model, or `encoder.dim`)."""
+        return self.encoder.dim
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tags(cls, raw: Any) -> Any:
+        """`data.source` defaults to scenes and `encoder.kind` to embedded (the union's tags)."""
+        if isinstance(raw, dict):
+            raw = dict(raw)
+            for key, tag, default in (("data", "source", "scenes"), ("encoder", "kind", "embedded")):
+                if isinstance(raw.get(key), dict) and tag not in raw[key]:
+                    raw[key] = {tag: default, **raw[key]}
+        return raw
 
     @model_validator(mode="after")
     def _check_sweep(self) -> "Params":
@@ -189,8 +293,8 @@ class Params(Strict):
                 sae = sorted(set(METHODS) - ROTATION_METHODS)
                 problems.append(f"sweep.sae.methods[{i}]: {method!r} is not an SAE method ({', '.join(sae)})")
         for i, k in enumerate(self.sweep.rotation.ks):
-            if not 1 <= k <= self.d:
-                problems.append(f"sweep.rotation.ks[{i}]: k={k} must be in 1..d={self.d} (encoder.embed_dim)")
+            if k < 1 or (self.d is not None and k > self.d):
+                problems.append(f"sweep.rotation.ks[{i}]: k={k} must be in 1..d={self.d} (the encoder's embedding dimension)")
         for i, size in enumerate(self.sweep.sae.dict_sizes):
             if size < 1:
                 problems.append(f"sweep.sae.dict_sizes[{i}]: dictionary size must be >= 1, got {size}")
@@ -242,7 +346,7 @@ class Params(Strict):
 
     def runs(self) -> list["Run"]:
         """Every cell of the grid, in params order: rotations first, then SAEs."""
-        rotations = [Run(m, self.d, k, rotation=True) for m in self.sweep.rotation.methods for k in self.sweep.rotation.ks]
+        rotations = [Run(m, self.d or 0, k, rotation=True) for m in self.sweep.rotation.methods for k in self.sweep.rotation.ks]
         saes = [Run(m, s, k, rotation=False) for m in self.sweep.sae.methods for s in self.sweep.sae.dict_sizes for k in self.sweep.sae.ks]
         return rotations + saes
 
@@ -295,10 +399,16 @@ def _check_options(method: str, options: dict[str, Any]) -> list[str]:
     return problems
 
 
+#: (key, tag) pairs pydantic puts in error locations for tagged unions; dropped so messages name the user's keys.
+_UNION_TAGS = {("data", t) for t in ("scenes", "folders", "cub", "coco", "syn")} | {
+    ("encoder", t) for t in ("embedded", "open_clip", "hf_clip", "dinov2", "blip")}
+
+
 def _format(error: ValidationError, prefix: str = "") -> list[str]:
     lines = []
     for e in error.errors():
-        loc = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in e["loc"]).replace(".[", "[")
+        parts = [p for i, p in enumerate(e["loc"]) if not (i and (e["loc"][i - 1], p) in _UNION_TAGS)]
+        loc = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in parts).replace(".[", "[")
         key = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":

@@ -1,7 +1,8 @@
 """The Prefect flow: the same stage functions as `dvc repro`, in DAG order, on one machine or a Dask cluster.
 
 DVC decides *what* is stale; this flow decides *where and when* work runs. It runs the whole
-graph (scenes -> encoder -> extract -> train per grid cell -> evaluate per grid cell -> report);
+graph (scenes -> encoder -> extract -> train per grid cell -> evaluate per grid cell, and the planted
+recovery benchmark -> report);
 grid cells run concurrently on the task runner: threads locally (`workers`), or a Dask cluster
 (`dask_address`, through prefect-dask) where every worker sees the same project directory.
 
@@ -71,6 +72,13 @@ def evaluate_task(params_path: str, root: str, method: str, size: int, k: int) -
     evaluate.run(params, Layout(Path(root)), params.cell(method, size, k))
 
 
+@task(name="planted")
+def planted_task(params_path: str, root: str) -> None:
+    from stages import planted
+
+    planted.run(load_params(params_path), Layout(Path(root)))
+
+
 @task(name="report")
 def report_task(params_path: str, root: str) -> str:
     from stages import report
@@ -92,7 +100,8 @@ def pipeline_flow(params_path: str = "params.yaml", root: str = ".") -> str:
     for cell in params.runs():
         trained = train_task.submit(params_path, root, cell.method, cell.size, cell.k, wait_for=[extract])
         evaluations.append(evaluate_task.submit(params_path, root, cell.method, cell.size, cell.k, wait_for=[trained]))
-    return report_task.submit(params_path, root, wait_for=evaluations).result()
+    planted = planted_task.submit(params_path, root)
+    return report_task.submit(params_path, root, wait_for=[*evaluations, planted]).result()
 
 
 def run_flow(params_path: str = "params.yaml", root: str = ".", workers: int = 1, dask_address: str | None = None) -> str:

@@ -25,6 +25,10 @@ class Layout:
         return self.root / "store" / "metrics" / "encoder.json"
 
     @property
+    def planted_metrics(self) -> Path:  # planted stage: recovery benchmark
+        return self.root / "store" / "metrics" / "planted.json"
+
+    @property
     def embeddings(self) -> Path:  # extract stage
         return self.root / "store" / "embeddings"
 

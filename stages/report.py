@@ -11,19 +11,34 @@ import logging
 import os
 
 from pipeline.config import Params, load_params
-from pipeline.dataset import open_dataset
+from pipeline.dataset import Dataset, open_dataset
 from pipeline.paths import Layout
 from pipeline.provenance import code_version
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
+from pipeline.report.thumbnails import png_data_uri
 from stages._cli import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 
 
+def example_pairs(data: Dataset, per_kind: int = 6) -> list[dict]:
+    """The first pairs of each kind with their edit in words and both images as data URIs."""
+    pairs, names = data.pairs, data.attribute_names
+    examples = []
+    for kind in data.kinds:
+        for i in pairs.of_kind(kind)[:per_kind]:
+            removed, added = int(pairs.removed[i]), int(pairs.added[i])
+            edit = f"{names[removed]} → {names[added]}" if added >= 0 else f"{names[removed]} removed"
+            examples.append({"kind": kind, "family": pairs.family[i], "edit": edit,
+                             "before": png_data_uri(pairs.before.read(i, i + 1)[0]), "after": png_data_uri(pairs.after.read(i, i + 1)[0])})
+    return examples
+
+
 def run(params: Params, layout: Layout, params_text: str) -> str:
     data = open_dataset(layout.data)
     encoder = json.loads(layout.encoder_metrics.read_text())
+    planted = json.loads(layout.planted_metrics.read_text()) if layout.planted_metrics.is_file() else []
     runs, curves = [], []
     for cell in params.runs():
         directory = layout.evals / cell.name
@@ -41,6 +56,8 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
                  "n": data.meta["n"], "n_attributes": len(data.attribute_names)},
         encoder=encoder,
         runs=runs,
+        planted=planted,
+        pairs=example_pairs(data),
         figures={
             "fvu_vs_k": figures.fvu_vs_k(curves),
             "zero_shot": figures.zero_shot(encoder["zero_shot"]),

@@ -68,7 +68,7 @@ def test_k_below_one_and_rotation_k_above_d_are_rejected():
     raw["sweep"]["rotation"]["ks"] = [17]
     message = error_of(raw)
     assert "sweep.sae.ks[0]: k must be >= 1, got 0" in message
-    assert "sweep.rotation.ks[0]: k=17 must be in 1..d=16 (encoder.embed_dim)" in message
+    assert "sweep.rotation.ks[0]: k=17 must be in 1..d=16 (the encoder's embedding dimension)" in message
 
 
 def test_empty_grid_is_rejected():
@@ -127,6 +127,18 @@ def test_bad_split_and_broken_yaml(tmp_path):
         load_params(broken)
     with pytest.raises(ParamsError, match="no such file"):
         load_params(tmp_path / "missing.yaml")
+
+
+def test_real_data_source_and_pretrained_encoder(tmp_path):
+    raw = tiny()
+    raw["data"] = {"source": "cub", "root": str(tmp_path / "missing")}
+    assert "data.root: " not in error_of(raw) and f"data: root: {tmp_path / 'missing'}: no such file or directory" in error_of(raw)
+    raw["data"] = {"source": "folders", "root": str(tmp_path)}
+    raw["encoder"] = {"kind": "open_clip", "arch": "ViT-B-32", "weights": "laion2b_s34b_b79k"}
+    params = validate_params(raw)
+    assert params.d is None and params.encoder.spec()["arch"] == "ViT-B-32"
+    raw["encoder"] = {"kind": "dinov2"}
+    assert "encoder: dinov2 needs `model`" in error_of(raw)
 
 
 def test_cli_validate_and_preset(tmp_path, capsys):

@@ -22,6 +22,8 @@ class ReportData:
     dataset: dict[str, Any]
     encoder: dict[str, Any]
     runs: list[dict[str, Any]]
+    planted: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)  # example intervention pairs (data-URI images)
     figures: dict[str, Any] = field(default_factory=dict)  # name -> plotly Figure
 
 
