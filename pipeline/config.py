@@ -127,6 +127,7 @@ class PretrainedEncoder(Strict):
     kind: Literal["open_clip", "hf_clip", "dinov2", "blip"]
     arch: str | None = None
     weights: str | None = None
+    arch_config: str | None = None  # open_clip: a JSON architecture config file for a custom `arch`
     model: str | None = None
     dim: int | None = Field(None, ge=1)
     device: str = "auto"
@@ -142,7 +143,8 @@ class PretrainedEncoder(Strict):
     def spec(self) -> dict[str, Any]:
         """The registry spec (pipeline.encoders.registry.load_encoder)."""
         if self.kind == "open_clip":
-            return {"kind": "open_clip", "arch": self.arch, "weights": self.weights, "device": self.device}
+            spec = {"kind": "open_clip", "arch": self.arch, "weights": self.weights, "device": self.device}
+            return spec | ({"model_config": self.arch_config} if self.arch_config else {})
         return {"kind": self.kind, "model": self.model, "device": self.device}
 
 
@@ -150,6 +152,9 @@ EncoderParams = Annotated[Union[EmbeddedEncoder, PretrainedEncoder], Field(discr
 
 
 class ExtractParams(Strict):
+    """batch_size: images per forward pass; chunk_rows: rows per zarr chunk of the embedding stores
+    (the unit of resumption after a kill; 4096 x 4 bytes x d is ~1 MiB at d = 64)."""
+
     batch_size: int = Field(256, ge=1)
     chunk_rows: int = Field(4096, ge=1)
 

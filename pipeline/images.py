@@ -110,7 +110,7 @@ class ImageFiles(Dataset):
         except _DECODE_ERRORS as error:
             return Item(index, _EMPTY, False, f"{type(error).__name__}: {error}")
         pixels = self.transform(image)
-        if not isinstance(pixels, Tensor) or pixels.ndim != 3:
+        if not isinstance(pixels, Tensor) or pixels.ndim != 3:  # (3, h, w) floats, or (h, w, 3) uint8 (SquareUint8)
             raise TypeError(f"transform: expected a tensor (3, h, w) for {self.paths[index]}, got "
                             f"{tuple(pixels.shape) if isinstance(pixels, Tensor) else type(pixels).__name__}")
         return Item(index, pixels, True, "")
@@ -247,3 +247,17 @@ def encode_pixels(
             features = forward(pixels.to(device, non_blocking=True)).float()
             out.append(F.normalize(features, dim=-1).cpu().numpy())
     return np.concatenate(out).astype(np.float32, copy=False)
+
+
+class SquareUint8:
+    """Transform for storing images: PIL RGB -> uint8 tensor (size, size, 3), shorter side resized to
+    `size` then centre-cropped (the layout of the dataset's images.zarr). Picklable for spawned workers."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __call__(self, image: Image.Image) -> Tensor:
+        from PIL import ImageOps
+
+        fitted = ImageOps.fit(image, (self.size, self.size), method=Image.Resampling.BICUBIC)
+        return torch.from_numpy(np.asarray(fitted, dtype=np.uint8).copy())

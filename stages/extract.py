@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from pipeline.config import Params, load_params
 from pipeline.dataset import open_dataset
 from pipeline.encoders.base import Encoder
-from pipeline.encoders.embedded import load_embedded
+from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
 from pipeline.provenance import code_version, digest
 from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir, write_array
@@ -30,7 +30,8 @@ from stages._cli import exit_with, parser, run_main
 log = logging.getLogger(__name__)
 
 
-def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, fingerprint: dict[str, Any], attrs: dict[str, Any], desc: str) -> None:
+def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chunk_rows: int, fingerprint: dict[str, Any],
+                attrs: dict[str, Any], desc: str) -> None:
     """Stream `images` (uint8 (n, H, W, 3)) through the encoder into a float32 (n, d) store, resumably.
 
     A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept.
@@ -42,7 +43,7 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, fin
                 return
         except StoreError:
             pass
-    writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images))
+    writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images), chunk_rows=chunk_rows)
     with tqdm(total=len(images), initial=writer.n_rows, desc=desc, unit="img") as bar:
         for start in range(writer.n_rows, len(images), batch_size):
             batch = images.read(start, start + batch_size)
@@ -53,16 +54,16 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, fin
 
 def run(params: Params, layout: Layout) -> None:
     data = open_dataset(layout.data)
-    encoder = load_embedded(layout.encoder)
+    encoder = open_encoder(layout.encoder)
     tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "batch_size": params.extract.batch_size}
+    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"])}
     attrs = {"producer": "stages.extract", "code": code_version(layout.root), "encoder": encoder.id, "dim": encoder.dim}
-    bs = params.extract.batch_size
-    embed_store(encoder, data.images, tmp / "images.zarr", bs, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
+    bs, chunk = params.extract.batch_size, params.extract.chunk_rows
+    embed_store(encoder, data.images, tmp / "images.zarr", bs, chunk, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
     pairs = data.pairs
-    embed_store(encoder, pairs.before, tmp / "pairs_before.zarr", bs, {**base, "what": "pairs_before"}, {**attrs, "rows": "pairs (before)"}, "pairs before")
-    embed_store(encoder, pairs.after, tmp / "pairs_after.zarr", bs, {**base, "what": "pairs_after"}, {**attrs, "rows": "pairs (after)"}, "pairs after")
+    embed_store(encoder, pairs.before, tmp / "pairs_before.zarr", bs, chunk, {**base, "what": "pairs_before"}, {**attrs, "rows": "pairs (before)"}, "pairs before")
+    embed_store(encoder, pairs.after, tmp / "pairs_after.zarr", bs, chunk, {**base, "what": "pairs_after"}, {**attrs, "rows": "pairs (after)"}, "pairs after")
     if encoder.has_text:
         vocab = data.vocabulary
         write_array(tmp / "concepts.zarr", encoder.encode_texts(vocab, batch_size=bs), fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)},

@@ -78,3 +78,23 @@ def check_spec(spec: Mapping[str, Any]) -> str:
 def load_encoder(spec: Mapping[str, Any]) -> Encoder:
     """Build the encoder a spec describes (see the module docstring); the heavy libraries are imported only for that kind."""
     return BUILDERS[check_spec(spec)](spec)
+
+
+def save_spec(spec: Mapping[str, Any], directory: Path, encoder_id: str, dim: int, has_text: bool) -> None:
+    """Record a pretrained encoder's spec in the encoder stage's output folder (the weights stay where they are)."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spec.json").write_text(json.dumps({"spec": dict(spec), "id": encoder_id, "dim": dim, "has_text": has_text}, indent=1))
+
+
+def open_encoder(directory: Path, device: str = "auto") -> Encoder:
+    """The encoder the encoder stage left in `directory`: a pretrained spec (spec.json) or the embedded model."""
+    import json
+
+    spec_file = Path(directory) / "spec.json"
+    if spec_file.is_file():
+        return load_encoder(json.loads(spec_file.read_text())["spec"])
+    from pipeline.encoders.embedded import load_embedded
+
+    return load_embedded(Path(directory), device=device)
