@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
+from threadpoolctl import threadpool_limits
 
 
 @dataclass
@@ -62,7 +63,10 @@ def fit_probe(
     if not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
         raise ValueError(f"max_iter: expected a positive int, got {max_iter!r}")
     probe = LogisticRegression(C=c, max_iter=max_iter, random_state=seed)
-    probe.fit(x_train.astype(np.float64, copy=False), y_train)
+    # lbfgs on (n, d) with d ~ 10^2 does tiny BLAS calls: one thread avoids oversubscription, which
+    # made a fit 7x slower on 2 busy cores (measured: 0.51 s vs 0.075 s for 2400 x 64, 6 classes).
+    with threadpool_limits(limits=1):
+        probe.fit(x_train.astype(np.float64, copy=False), y_train)
     return probe
 
 
