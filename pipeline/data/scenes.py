@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.data import render
+from pipeline.data.table import check_fractions
 from pipeline.data.captions import N_CAPTION_DRAWS, multi_caption, object_caption
 from pipeline.data.captions import zero_shot_prompts as zero_shot_prompts
 from pipeline.data.vocabulary import CATEGORIES, FAMILIES, object_attribute_names, object_family_columns
@@ -107,15 +108,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def _check_split(split: Any) -> tuple[float, float, float]:
-    try:
-        fractions = tuple(float(f) for f in split)
-    except (TypeError, ValueError):
-        raise ValueError(f"split: expected three fractions (train, validation, test), got {split!r}") from None
-    if len(fractions) != 3 or not all(math.isfinite(f) and f >= 0 for f in fractions):
-        raise ValueError(f"split: expected three non-negative finite fractions (train, validation, test), got {split!r}")
-    if abs(sum(fractions) - 1.0) > 1e-6:
-        raise ValueError(f"split: fractions must sum to 1, got {split!r} (sum {sum(fractions):.6g})")
-    return fractions  # type: ignore[return-value]
+    return check_fractions(split)
 
 
 def _check_scenes(scenes: Any, kind: str) -> None:
