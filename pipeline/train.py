@@ -197,7 +197,7 @@ def fit(
         state.history.append(record)
         state.epoch = epoch + 1
         log.info("%s epoch %d: %s", model.method, epoch + 1, ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
-        if record["val_fvu"] < state.best_fvu - 1e-6:
+        if record["val_fvu"] < state.best_fvu - 1e-6 and model.acceptable(record["val_l0"]):
             state.best_fvu, state.best_epoch, state.bad_epochs = record["val_fvu"], epoch + 1, 0
             best_weights = copy.deepcopy(model.state_dict())
         elif state.step / total >= getattr(model, "curriculum_end", 0.0):
@@ -212,6 +212,8 @@ def fit(
             break
     if state.best_epoch > 0 and state.best_epoch != state.epoch:
         model.load_state_dict(best_weights)
+    elif state.best_epoch < 0:
+        log.warning("%s: no epoch met the model's sparsity target; keeping the last one", model.method)
     return TrainResult(model.eval(), state.history, state.best_epoch, stopped_early)
 
 

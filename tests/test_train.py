@@ -138,3 +138,15 @@ def test_fit_array_rejects_bad_input():
 def test_model_rejects_impossible_k():
     with pytest.raises(ValueError, match="1 <= k <= n_latents"):
         TinyTopK(8, 4, 5)
+
+
+def test_epochs_the_model_finds_unacceptable_are_never_restored(caplog):
+    class Picky(TinyTopK):
+        def acceptable(self, val_l0: float) -> bool:
+            return False
+
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="pipeline.train"):
+        result = fit_array(Picky(8, 16, 4), planted(), TrainSettings(batch_size=64, epochs=3, lr=1e-2, patience=10))
+    assert result.best_epoch == -1 and len(result.history) == 3
+    assert "no epoch met the model's sparsity target" in caplog.text

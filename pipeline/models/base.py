@@ -94,6 +94,12 @@ class SparseModel(nn.Module):
     def after_step(self) -> None:
         """Called after the optimiser step (e.g. renormalise decoder columns, update EMAs)."""
 
+    def acceptable(self, val_l0: float) -> bool:
+        """Whether an epoch with this validation mean L0 may be kept as the best one. Models whose
+        sparsity is steered towards k during training (ReLU/JumpReLU with a target L0) refuse
+        epochs that reached a low FVU only by being denser than asked."""
+        return True
+
     def options(self) -> dict[str, Any]:
         """JSON-able constructor keyword options (besides d, n_latents, k) to rebuild the model."""
         return {}

@@ -21,14 +21,29 @@ What every variant shares (and why)
   is dead when the count reaches `dead_steps`. Stats report its fraction ("dead_fraction").
 - Reconstruction loss: per-element mean squared error in the scaled space (about the batch FVU).
 - Stats of `training_loss`: "l0" (mean active latents per row), "fvu" (this batch), "dead_fraction",
-  and each loss term ("mse", and "l1" / "l0_penalty" / "aux" where the variant has one), weighted.
+  and each loss term ("mse", and "l1" / "l0_penalty" / "aux" where the variant has one), weighted;
+  ReLU and JumpReLU also report "penalty_coef" (the coefficient used on this batch).
+- What `k` means. TopK, BatchTopK and MSAE keep k latents per row (BatchTopK: on average). ReLU
+  and JumpReLU have no k in their sparsifier; their sparsity comes from a penalty coefficient.
+  By default (`target_l0=True`) that coefficient is a buffer `penalty_coef` (saved in
+  checkpoints) that a multiplicative controller adapts after every training step so that the
+  mean L0 approaches k (`l0_control_step`), the way practitioners tune the penalty to a target
+  L0. So every method of the sweep's grid (method x dictionary size x k) lands near mean L0 = k,
+  and FVU-vs-K points are comparable across methods (with a fixed coefficient every k of the
+  grid trains the same ReLU model, and JumpReLU's L0 drifts to wherever the coefficient puts
+  it, whatever k). `target_l0=False` keeps the coefficient fixed at its initial value
+  (`l1_coef`, `l0_coef`). The controller needs steps (a few hundred, JumpReLU more than ReLU:
+  see the class docstrings), and `pipeline.train` keeps the epoch of lowest validation FVU,
+  which can be an early one whose L0 is still above k: check `val_l0` in the history.
 - `encode(x, k=None)`: for the TopK family `k` overrides the model's k at inference; ReLU and
-  JumpReLU have no k in their sparsifier and ignore it (it is still range-checked).
+  JumpReLU have no k in their sparsifier and ignore it at inference (it is still range-checked):
+  their k acts in training only, as the controller's target.
 - Untrained twin (`build` + `fit_init`, never trained) is a sane sparsifier for every variant:
   TopK / MSAE keep k per row; BatchTopK estimates its threshold from the sample (about k active
   per row); JumpReLU sets each latent's threshold to its (1 - k/n_latents) sample quantile (about
-  k active per row, no dead latent); ReLU keeps its ReLU (about half the latents active: ReLU has
-  no k, and the untrained model must use the same sparsifier as the trained one).
+  k active per row, no dead latent); ReLU with `target_l0` shifts each latent's encoder bias by
+  the same quantile (about k active per row); ReLU with `target_l0=False` keeps a zero bias (about
+  half the latents active: the fixed-coefficient ReLU has no k).
 """
 
 from __future__ import annotations
@@ -49,6 +64,11 @@ BiasInit = Literal["mean", "geometric_median"]
 #: rows of the `fit_init` sample used to estimate thresholds (a (rows, n_latents) activation matrix).
 THRESHOLD_SAMPLE_ROWS = 4096
 
+#: the adaptive penalty coefficient (ReLU, JumpReLU with `target_l0`) stays within this factor of
+#: its initial value, both ways: no runaway to 0 (from which a multiplicative update never returns)
+#: or to infinity when the target L0 cannot be reached.
+PENALTY_COEF_RANGE = 1e4
+
 
 # --- sparsifiers and helpers (module level so tests can call them on tiny tensors) ------------
 def topk_codes(acts: Tensor, k: int) -> Tensor:
@@ -66,6 +86,16 @@ def batch_topk_codes(acts: Tensor, k: int) -> tuple[Tensor, Tensor]:
     kept = values.detach()
     smallest = torch.where(kept > 0, kept, torch.full_like(kept, math.inf)).min()
     return codes, torch.where(torch.isfinite(smallest), smallest, torch.full_like(smallest, math.nan))
+
+
+def l0_control_step(coef: Tensor, l0: Tensor, k: int, rate: float, low: float, high: float) -> Tensor:
+    """One step of the L0 controller: coef * exp(rate * e), e = clip(l0 / k - 1, -1, 1), clamped to
+    [low, high]. Raises the penalty when the batch's mean L0 is above the target k, lowers it when
+    below; the clip bounds one step's change to a factor exp(+-rate) (e >= -1 anyway), so a large
+    initial L0 (an untrained ReLU SAE fires on about half its latents) cannot blow the coefficient
+    up faster than the model can respond. No gradient: a plain function of detached values."""
+    error = (l0.detach().to(coef.dtype) / k - 1.0).clamp(-1.0, 1.0)
+    return (coef * torch.exp(rate * error)).clamp(low, high)
 
 
 def rectangle(u: Tensor) -> Tensor:
@@ -126,6 +156,13 @@ def geometric_median(x: Tensor, iters: int = 100, tol: float = 1e-7) -> Tensor:
         if shift <= tol * (1.0 + float(median.norm())):
             break
     return median
+
+
+def _column_quantile(pre: Tensor, k: int) -> Tensor:
+    """(n_latents,) each column's (1 - k/n_latents) sample quantile of pre (n, n_latents): the value
+    exceeded on about k/n_latents of the rows (the round(n k / n_latents)-th largest, at least the largest)."""
+    rank = max(1, round(pre.shape[0] * k / pre.shape[1]))
+    return pre.topk(min(rank, pre.shape[0]), dim=0).values[-1]
 
 
 def _sq_error(a: Tensor, b: Tensor) -> Tensor:
@@ -277,28 +314,133 @@ class SAE(SparseModel):
         self.W_dec /= self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-# --- ReLU -----------------------------------------------------------------------------------------
-class ReLUSAE(SAE):
-    """ReLU SAE: codes = ReLU(pre-activations); loss = MSE + l1_coef * E[sum_i f_i ||d_i||].
+# --- the penalty SAEs: ReLU and JumpReLU, with the L0 controller ---------------------------------------
+class PenaltySAE(SAE):
+    """Base of the SAEs whose sparsity comes from a penalty coefficient instead of a k (ReLU: L1,
+    JumpReLU: L0), with the optional controller that makes their `k` a target mean L0.
+
+    The coefficient in use is the buffer `penalty_coef` (0-d, saved in checkpoints), starting at
+    the initial coefficient (the subclass's `l1_coef` / `l0_coef` option). With `target_l0` on,
+    each `training_loss` call, after computing the loss with the current coefficient, updates it
+    from the batch's mean L0 with `l0_control_step` (rate `l0_control_rate`, relative error
+    clipped to [-1, 1], kept within a factor PENALTY_COEF_RANGE of the initial value); the loss
+    carries no gradient to it. Early stopping and best-epoch restore save and restore it with the
+    weights (it is in the state dict). With
+    `target_l0` off it never changes (the fixed-coefficient method).
+    """
+
+    #: an epoch counts as "at the target" when its validation L0 is within this factor of k
+    L0_TOLERANCE: float = 1.25
+
+    def acceptable(self, val_l0: float) -> bool:
+        return not self.target_l0 or val_l0 <= self.L0_TOLERANCE * self.k
+
+    def __init__(
+        self,
+        d: int,
+        n_latents: int,
+        k: int,
+        *,
+        coef_name: str,
+        coef: float,
+        target_l0: bool,
+        l0_control_rate: float,
+        bias_init: BiasInit,
+        dead_steps: int,
+    ) -> None:
+        super().__init__(d, n_latents, k, bias_init=bias_init, dead_steps=dead_steps)
+        if not (coef >= 0 and math.isfinite(coef)):
+            raise ValueError(f"{self.method}: {coef_name} must be finite and >= 0, got {coef}")
+        if not isinstance(target_l0, bool):
+            raise ValueError(f"{self.method}: target_l0 must be true or false, got {target_l0!r}")
+        if target_l0 and coef == 0:
+            raise ValueError(f"{self.method}: {coef_name} must be > 0 with target_l0 (the controller multiplies it)")
+        if not (l0_control_rate > 0 and math.isfinite(l0_control_rate)):
+            raise ValueError(f"{self.method}: l0_control_rate must be finite and > 0, got {l0_control_rate}")
+        self.target_l0 = target_l0
+        self.l0_control_rate = float(l0_control_rate)
+        self._coef_bounds = (float(coef) / PENALTY_COEF_RANGE, float(coef) * PENALTY_COEF_RANGE)
+        self.register_buffer("penalty_coef", torch.tensor(float(coef)))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # Checkpoints written before the controller existed have no `penalty_coef`: they were trained
+        # with the fixed initial coefficient, which is the buffer's value at construction.
+        state_dict.setdefault(prefix + "penalty_coef", self.penalty_coef.detach().clone())
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """The base loss (with the current coefficient), then one controller step when `target_l0`."""
+        used = self.penalty_coef.detach().clone()
+        loss, stats = super().training_loss(x, progress, generator)
+        stats["penalty_coef"] = used
+        if self.target_l0:
+            with torch.no_grad():
+                low, high = self._coef_bounds
+                self.penalty_coef.copy_(l0_control_step(self.penalty_coef, stats["l0"], self.k, self.l0_control_rate, low, high))
+        return loss, stats
+
+    def _coef(self) -> Tensor:
+        """The coefficient for this step's loss: a copy, as the buffer is updated in place after the forward pass."""
+        return self.penalty_coef.detach().clone()
+
+
+class ReLUSAE(PenaltySAE):
+    """ReLU SAE: codes = ReLU(pre-activations); loss = MSE + c * E[sum_i f_i ||d_i||], c = `penalty_coef`.
 
     The L1 term weights each activation by its decoder row norm (Conerly et al. 2024), so the
     penalty cannot be dodged by shrinking codes and growing atoms; with unit-norm atoms the
     weight is 1 in value, but it stays in the graph as the method defines it.
-    `k` is not used by the sparsifier (ReLU has no k; sparsity comes from l1_coef) and `encode`'s
-    k is ignored.
+    ReLU has no k in its sparsifier (`encode`'s k is ignored); the sparsity comes from c. With a
+    fixed c every k of the sweep would train the same model at whatever L0 c happens to give,
+    not comparable with the TopK family's points at L0 = k. So by default (`target_l0`) c adapts
+    during training until the mean L0 is about k (see `PenaltySAE`, `l0_control_step`): the
+    ReLU point of the FVU-vs-K plot then sits at its own k like every other method's.
 
-    Options: `l1_coef` (0.05): the L1 weight against the per-element MSE (about the FVU); with
-    inputs of mean norm sqrt(d) an active code is O(sqrt(d / L0)), so 0.05 gives moderate
-    sparsity; raise it for sparser codes. Plus `bias_init`, `dead_steps` (see `SAE`).
+    Options:
+    - `l1_coef` (0.05): the initial (with `target_l0`) or fixed L1 weight c against the
+      per-element MSE (about the FVU); with inputs of mean norm sqrt(d) an active code is
+      O(sqrt(d / L0)), so 0.05 gives moderate sparsity; raise it for sparser codes.
+    - `target_l0` (True): adapt c towards mean L0 = k; False keeps c = l1_coef (and a zero
+      initial `b_enc`, i.e. exactly the fixed-coefficient method).
+    - `l0_control_rate` (0.05): the controller's step; log c moves by at most this per step, so
+      c can change 10x in ~50 steps. Measured on planted data (d 16, 64 latents, k 4 and 12, lr
+      5e-4 to 5e-3, 420 steps): 0.02 - 0.1 all end with L0 within ~6 % of k, no oscillation.
+    - plus `bias_init`, `dead_steps` (see `SAE`).
+
+    With `target_l0`, `fit_init` also shifts `b_enc` so that each latent is positive on about a
+    k/n_latents fraction of the sample (about k active per row, as JumpReLU's thresholds start):
+    from a zero bias an untrained ReLU SAE fires on about half its latents, and pulling that down
+    to k takes the encoder most of a short run (measured: L0 still 2-6 k after 420 steps at lr
+    5e-4 to 1e-3), and the lagging response makes c overshoot (L0 swinging between ~0.2 k and
+    3 k at lr 5e-3). The untrained twin then has about k active per row too.
     """
 
     method = "relu"
 
-    def __init__(self, d: int, n_latents: int, k: int, *, l1_coef: float = 0.05, bias_init: BiasInit = "mean", dead_steps: int = 50) -> None:
-        super().__init__(d, n_latents, k, bias_init=bias_init, dead_steps=dead_steps)
-        if not (l1_coef >= 0 and math.isfinite(l1_coef)):
-            raise ValueError(f"relu: l1_coef must be finite and >= 0, got {l1_coef}")
+    def __init__(
+        self,
+        d: int,
+        n_latents: int,
+        k: int,
+        *,
+        l1_coef: float = 0.05,
+        target_l0: bool = True,
+        l0_control_rate: float = 0.05,
+        bias_init: BiasInit = "mean",
+        dead_steps: int = 50,
+    ) -> None:
+        super().__init__(
+            d, n_latents, k, coef_name="l1_coef", coef=l1_coef, target_l0=target_l0, l0_control_rate=l0_control_rate,
+            bias_init=bias_init, dead_steps=dead_steps,
+        )
         self.l1_coef = float(l1_coef)
+
+    def _init_sparsifier(self, pre: Tensor) -> None:
+        """With `target_l0`: shift `b_enc` so each latent is positive on about a k/n_latents fraction of
+        the sample (about k active per row), so the controller starts at its target instead of at the
+        ~n_latents/2 of a zero bias, a distance the encoder would need most of a short run to cover."""
+        if self.target_l0:
+            self.b_enc.sub_(_column_quantile(pre, self.k))
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
         return F.relu(pre)
@@ -307,7 +449,7 @@ class ReLUSAE(SAE):
         codes = F.relu(pre)
         recon = self.decode_scaled(codes)
         l1 = (codes * self.W_dec.norm(dim=1)).sum(1).mean()
-        return codes, recon, {"mse": _sq_error(recon, xs), "l1": self.l1_coef * l1}
+        return codes, recon, {"mse": _sq_error(recon, xs), "l1": self._coef() * l1}
 
 
 # --- TopK and its family --------------------------------------------------------------------------
@@ -430,22 +572,39 @@ class BatchTopKSAE(TopKSAE):
 
 
 # --- JumpReLU -----------------------------------------------------------------------------------
-class JumpReLUSAE(SAE):
+class JumpReLUSAE(PenaltySAE):
     """JumpReLU SAE (Rajamanoharan et al. 2024): codes = z * H(z - theta_i), theta_i = exp(log_threshold_i)
-    learnable per latent; loss = MSE + l0_coef * E[L0].
+    learnable per latent; loss = MSE + c * E[L0], c = `penalty_coef`.
 
     The jump has no useful gradient, so the threshold learns through straight-through
     pseudo-derivatives with a rectangle kernel (`JumpReLUFunction`, `StepFunction`): only
     pre-activations within half a kernel width of a threshold move it. `fit_init` sets theta_i to
     latent i's (1 - k/n_latents) quantile on the sample, so every latent fires on about a
-    k/n_latents fraction of rows (about k per row) from the start; after that `k` plays no role
-    (sparsity comes from l0_coef) and `encode`'s k is ignored. Thresholds move slowly (Adam moves
-    log theta by about lr per step, and only when a pre-activation falls in the kernel window):
-    JumpReLU needs more steps or a larger lr than TopK to settle.
+    k/n_latents fraction of rows (about k per row) from the start. Training then trades FVU
+    against c * L0: with a fixed c the L0 drifts to wherever c puts it, the same for every k of
+    the sweep, so the JumpReLU points would not be comparable with the TopK family's at L0 = k.
+    By default (`target_l0`) c adapts during training to keep the mean L0 about k (see
+    `PenaltySAE`, `l0_control_step`), as the paper tunes its coefficient to a target L0.
+    `encode`'s k is ignored. Thresholds move slowly (Adam moves log theta by about lr per step,
+    and only when a pre-activation falls in the kernel window): JumpReLU needs more steps or a
+    larger lr than TopK to settle.
 
     Options:
-    - `l0_coef` (1e-3): L0 weight against the per-element MSE (about the FVU): a latent stays
-      on for a row only if it lowers that row's FVU by more than about 1e-3.
+    - `l0_coef` (1e-3): the initial (with `target_l0`) or fixed L0 weight c against the
+      per-element MSE (about the FVU): a latent stays on for a row only if it lowers that row's
+      FVU by more than about c.
+    - `target_l0` (True): adapt c towards mean L0 = k; False keeps c = l0_coef.
+    - `l0_control_rate` (0.02): the controller's step; log c moves by at most this per step.
+      Smaller than ReLU's because L0 answers c more slowly here: c acts only on the thresholds,
+      through the kernel window, and Adam moves log theta by about lr per step, so a faster c
+      overshoots more (measured on planted data: 0.05 leaves L0 10-30 % off k where 0.02 is
+      within 10 %).
+    The penalty can only push L0 down: when the reconstruction itself lowers L0 (early in
+    training the thresholds rise while the encoder, started as the decoder transpose, overshoots),
+    the controller can only release it, and L0 returns to k as the encoder learns. And the
+    default c (1e-3) may be far below the value that binds on a given data set (on the planted
+    test data about 0.03 for k = 4): the controller then needs a few hundred steps to climb there
+    (log c gains at most `l0_control_rate` per step); a larger initial `l0_coef` shortens that.
     - `bandwidth` (1e-3): the kernel width in the paper's units, inputs of unit mean squared
       norm; this module's inputs have mean norm sqrt(d), so the width used on pre-activations is
       `bandwidth * sqrt(d)` (`kernel_width`). That keeps the published 1e-3 meaning the same
@@ -456,11 +615,22 @@ class JumpReLUSAE(SAE):
     method = "jumprelu"
 
     def __init__(
-        self, d: int, n_latents: int, k: int, *, l0_coef: float = 1e-3, bandwidth: float = 1e-3, bias_init: BiasInit = "mean", dead_steps: int = 50
+        self,
+        d: int,
+        n_latents: int,
+        k: int,
+        *,
+        l0_coef: float = 1e-3,
+        target_l0: bool = True,
+        l0_control_rate: float = 0.02,
+        bandwidth: float = 1e-3,
+        bias_init: BiasInit = "mean",
+        dead_steps: int = 50,
     ) -> None:
-        super().__init__(d, n_latents, k, bias_init=bias_init, dead_steps=dead_steps)
-        if not (l0_coef >= 0 and math.isfinite(l0_coef)):
-            raise ValueError(f"jumprelu: l0_coef must be finite and >= 0, got {l0_coef}")
+        super().__init__(
+            d, n_latents, k, coef_name="l0_coef", coef=l0_coef, target_l0=target_l0, l0_control_rate=l0_control_rate,
+            bias_init=bias_init, dead_steps=dead_steps,
+        )
         if not (bandwidth > 0 and math.isfinite(bandwidth)):
             raise ValueError(f"jumprelu: bandwidth must be finite and > 0, got {bandwidth}")
         self.l0_coef = float(l0_coef)
@@ -478,9 +648,7 @@ class JumpReLUSAE(SAE):
         return self.bandwidth * math.sqrt(self.d)
 
     def _init_sparsifier(self, pre: Tensor) -> None:
-        rank = max(1, round(pre.shape[0] * self.k / self.n_latents))
-        quantile = pre.topk(min(rank, pre.shape[0]), dim=0).values[-1]
-        self.log_threshold.copy_(quantile.clamp_min(self.kernel_width).log())
+        self.log_threshold.copy_(_column_quantile(pre, self.k).clamp_min(self.kernel_width).log())
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
         return JumpReLUFunction.apply(pre, self.threshold, self.kernel_width)
@@ -490,7 +658,7 @@ class JumpReLUSAE(SAE):
         codes = JumpReLUFunction.apply(pre, theta, self.kernel_width)
         recon = self.decode_scaled(codes)
         l0 = StepFunction.apply(pre, theta, self.kernel_width).sum(1).mean()
-        return codes, recon, {"mse": _sq_error(recon, xs), "l0_penalty": self.l0_coef * l0}
+        return codes, recon, {"mse": _sq_error(recon, xs), "l0_penalty": self._coef() * l0}
 
 
 # --- Matryoshka -----------------------------------------------------------------------------------
