@@ -1,4 +1,4 @@
-"""The `cedar` command: validate params, switch presets, run the Prefect flow, list runs."""
+"""The `cedar` command: validate params, switch presets, run the Prefect flow, list runs, explain an image."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.config import ParamsError, load_params
 from pipeline.paths import Layout
+from pipeline.store import StoreError
 
 
 def preset_names() -> list[str]:
@@ -66,6 +67,78 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def choose_run(names: list[str], evaluated: list[dict], requested: str | None) -> str:
+    """The run to explain: `requested` if it is one of the grid's `names`, else the best evaluated run
+    (highest objects MATCHScore, `pipeline.explanations.best_run`). One-line errors otherwise."""
+    from pipeline.explanations import best_run
+
+    if requested is not None:
+        if requested not in names:
+            raise ValueError(f"unknown run {requested!r}; known runs: {', '.join(names)}")
+        return requested
+    if not evaluated:
+        raise FileNotFoundError("no evaluated run under store/eval (run `dvc repro` first, or name one with --run)")
+    return best_run(evaluated)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Top concepts of one image under a run's model and the caption of its sparse reconstruction."""
+    import numpy as np
+    import torch
+
+    from pipeline.data.table import load_image
+    from pipeline.dataset import open_dataset
+    from pipeline.encoders.embedded import load_embedded
+    from pipeline.explain.captions import decode_captions, load_decoder
+    from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
+    from pipeline.explanations import latent_labels
+    from pipeline.models.checkpoint import load_model
+    from pipeline.store import open_store
+
+    params = load_params(args.params)
+    layout = Layout(args.root)
+    names = [cell.name for cell in params.runs()]
+    evaluated = [json.loads(path.read_text()) for name in names if (path := layout.evals / name / "metrics.json").is_file()]
+    run = choose_run(names, evaluated, args.run)
+    if args.top < 1:
+        raise ValueError(f"--top: expected an int >= 1, got {args.top}")
+    data = open_dataset(layout.data)
+    image = load_image(args.image, int(data.meta["image_size"]))  # an unreadable file fails here, before any model loads
+    model_dir = layout.models / run
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir}: run {run} is not trained yet (run `dvc repro` first)")
+    model = load_model(model_dir)
+    k = next(cell.k for cell in params.runs() if cell.name == run) if args.k is None else args.k
+    if not 1 <= k <= model.n_latents:
+        raise ValueError(f"--k: expected 1..{model.n_latents} (the latents of {run}), got {k}")
+    x = load_embedded(layout.encoder).encode_images(image[None])  # (1, d)
+    decoder = load_decoder(layout.captions)
+    codes = model.latents(torch.as_tensor(model.encode(x, k)))[0].numpy()
+    labels = latent_labels(model.n_latents, model.signed)
+    concepts_path = layout.embeddings / "concepts.zarr"
+    print(f"image: {args.image} · run {run}{' (best: highest objects MATCHScore)' if args.run is None else ''} · k = {k}")
+    if concepts_path.exists():
+        store = open_store(concepts_path)
+        texts, embeddings = [str(t) for t in store.attrs["texts"]], store.read()
+        text_mean = embeddings.astype(np.float64).mean(axis=0)
+        named = name_latents(latent_directions(model), embeddings, texts, top=1, text_mean=text_mean)
+        active = np.argsort(-codes, kind="stable")[: int((codes > 0).sum())][: args.top]
+        print("top concepts (latent, activation, its best concept and cosine):")
+        for i in active:
+            print(f"  {labels[i]:>6}  {codes[i]:8.3f}  {named.names[i, 0]} ({named.scores[i, 0]:.2f})")
+        if len(active) == 0:
+            print("  (no active latent)")
+        dense = dense_explanations(x, decoder.input_mean.cpu().numpy(), embeddings, texts, top=min(args.top, len(texts)), text_mean=text_mean)[0]
+        print("dense embedding's nearest concepts: " + ", ".join(f"{name} ({score:.2f})" for name, score in dense))
+    else:
+        print(f"top concepts: unavailable ({concepts_path} missing: the encoder has no text tower)")
+    sparse = np.asarray(model.decode(model.encode(x, k)), dtype=np.float32)
+    sparse_caption, dense_caption = decode_captions(decoder, np.concatenate([sparse, x.astype(np.float32)]))
+    print(f"caption (sparse reconstruction, k = {k}): {sparse_caption}")
+    print(f"caption (dense embedding): {dense_caption}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cedar", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--root", type=Path, default=Path("."))
     p.set_defaults(func=cmd_runs)
+    p = sub.add_parser("explain", help="an image's top concepts and caption under a run's model")
+    p.add_argument("image", type=Path, help="a PNG or JPEG file")
+    p.add_argument("--run", default=None, help="a run name (see `cedar runs`); default: the best evaluated run")
+    p.add_argument("--k", type=int, default=None, help="active latents of the sparse reconstruction (default: the run's k)")
+    p.add_argument("--top", type=int, default=5, help="concepts to print (default 5)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.set_defaults(func=cmd_explain)
     return parser
 
 
@@ -94,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ParamsError, FileNotFoundError, ValueError) as e:
+    except (ParamsError, FileNotFoundError, ValueError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -17,12 +17,16 @@ import inspect
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from pipeline.train import TrainSettings
+
+if TYPE_CHECKING:  # imported lazily below: the explain library loads torch models the schema does not need
+    from pipeline.explain.captions import DecoderConfig
+    from pipeline.explanations import ExplainSettings
 
 
 class ParamsError(ValueError):
@@ -253,6 +257,81 @@ class PlantedParams(Strict):
         return self
 
 
+class DecoderParams(Strict):
+    """The embedded caption decoder (pipeline.explain.captions.DecoderConfig; its docstring explains every
+    field), trained by the captions stage on the training split's (image embedding, caption) pairs.
+    The defaults train on the default preset's 3,600 pairs in about a minute on 2 CPU cores."""
+
+    n_prefix: int = Field(4, ge=1)
+    width: int = Field(128, ge=1)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    ff_mult: int = Field(2, ge=1)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    max_tokens: int = Field(32, ge=2)
+    epochs: int = Field(8, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_frac: float = Field(0.05, ge=0, lt=1)
+    drop_max: float = Field(0.5, ge=0, lt=1)
+    noise_std: float = Field(0.05, ge=0)
+    min_count: int = Field(1, ge=1)
+    device: str = "auto"
+
+    @model_validator(mode="after")
+    def _is_a_decoder_config(self) -> "DecoderParams":
+        self.config()  # width % heads, device names: DecoderConfig's own checks, reported here
+        return self
+
+    def config(self) -> "DecoderConfig":
+        """The `DecoderConfig` of these settings."""
+        from pipeline.explain.captions import DecoderConfig
+
+        return DecoderConfig(**self.model_dump())
+
+
+class ExplainParams(Strict):
+    """Explanations (pipeline.explanations): the caption decoder, and how much each evaluate stage explains.
+
+    top_names: concepts naming each latent. top_m: named concepts per image scored by relevance.
+    caption_images: test images captioned per kind and source (dense, sparse reconstruction, top-k in the
+    original basis); with 300 the explanations add about 1 s to an SAE's evaluate stage on the default preset.
+    caption_ks: extra k at which rotation runs are captioned (a "describes the image" curve; k > d skipped);
+    each k adds two sources, about 0.5 s on the default preset (bench/bench_captions.py).
+    latents / top_images: the report's latent list per run (most frequently active latents, their
+    top-activating test images). examples: example test images per kind; pairs: intervention pairs per
+    kind with the latents that switched (at most `switched` each way). max_rows: test images per kind used.
+    """
+
+    decoder: DecoderParams = DecoderParams()
+    top_names: int = Field(5, ge=1)
+    top_m: int = Field(5, ge=1)
+    caption_images: int = Field(300, ge=1)
+    caption_ks: list[int] = Field(default_factory=list)
+    max_len: int = Field(24, ge=1)
+    latents: int = Field(64, ge=1)
+    top_images: int = Field(6, ge=1)
+    examples: int = Field(8, ge=0)
+    pairs: int = Field(4, ge=0)
+    switched: int = Field(8, ge=1)
+    max_rows: int = Field(2000, ge=1)
+
+    @field_validator("caption_ks")
+    @classmethod
+    def _positive_ks(cls, v: list[int]) -> list[int]:
+        if any(k < 1 for k in v):
+            raise ValueError(f"every k must be >= 1, got {v}")
+        return v
+
+    def settings(self) -> "ExplainSettings":
+        """The `pipeline.explanations.ExplainSettings` of these params."""
+        from pipeline.explanations import ExplainSettings
+
+        values = self.model_dump(exclude={"decoder"})
+        return ExplainSettings(**{**values, "caption_ks": tuple(values["caption_ks"])})
+
+
 class ReportParams(Strict):
     title: str = "CEDAR: interpretable embeddings"
 
@@ -267,6 +346,7 @@ class Params(Strict):
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict)
     evaluate: EvaluateParams = EvaluateParams()
     planted: PlantedParams = PlantedParams()
+    explain: ExplainParams = ExplainParams()
     report: ReportParams = ReportParams()
 
     @property

@@ -1,8 +1,8 @@
 """The Prefect flow: the same stage functions as `dvc repro`, in DAG order, on one machine or a Dask cluster.
 
 DVC decides *what* is stale; this flow decides *where and when* work runs. It runs the whole
-graph (scenes -> encoder -> extract -> train per grid cell -> evaluate per grid cell, and the planted
-recovery benchmark -> report);
+graph (scenes -> encoder -> extract -> train per grid cell, and the caption decoder -> evaluate per grid
+cell, and the planted recovery benchmark -> report);
 grid cells run concurrently on the task runner: threads locally (`workers`), or a Dask cluster
 (`dask_address`, through prefect-dask) where every worker sees the same project directory.
 
@@ -56,6 +56,13 @@ def extract_task(params_path: str, root: str) -> None:
     extract.run(load_params(params_path), Layout(Path(root)))
 
 
+@task(name="captions")
+def captions_task(params_path: str, root: str) -> None:
+    from stages import captions
+
+    captions.run(load_params(params_path), Layout(Path(root)))
+
+
 @task(name="train", task_run_name="train@{method}-{size}-{k}")
 def train_task(params_path: str, root: str, method: str, size: int, k: int) -> None:
     from stages import train
@@ -96,10 +103,11 @@ def pipeline_flow(params_path: str = "params.yaml", root: str = ".") -> str:
     scenes = scenes_task.submit(params_path, root)
     encoder = encoder_task.submit(params_path, root, wait_for=[scenes])
     extract = extract_task.submit(params_path, root, wait_for=[encoder])
+    decoder = captions_task.submit(params_path, root, wait_for=[extract])
     evaluations = []
     for cell in params.runs():
         trained = train_task.submit(params_path, root, cell.method, cell.size, cell.k, wait_for=[extract])
-        evaluations.append(evaluate_task.submit(params_path, root, cell.method, cell.size, cell.k, wait_for=[trained]))
+        evaluations.append(evaluate_task.submit(params_path, root, cell.method, cell.size, cell.k, wait_for=[trained, decoder]))
     planted = planted_task.submit(params_path, root)
     return report_task.submit(params_path, root, wait_for=[*evaluations, planted]).result()
 

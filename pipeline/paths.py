@@ -33,6 +33,10 @@ class Layout:
         return self.root / "store" / "embeddings"
 
     @property
+    def captions(self) -> Path:  # captions stage: the embedded caption decoder
+        return self.root / "store" / "captions"
+
+    @property
     def models(self) -> Path:  # train stages: one directory per run
         return self.root / "store" / "models"
 

@@ -7,8 +7,12 @@ curve at every `evaluate.ks` from the one trained rotation.
 Concepts (`pipeline.evaluation`): MATCHScores (FBMP for each beta and k, one-to-one),
 Delta-MATCHScore, TAPAScore and Delta-stay on the intervention pairs, CKNNA, FMS and linear-probe
 loss, for trained, untrained and random codes.
-Outputs store/eval/<run>/metrics.json (DVC metrics) and fvu_curve.json (DVC plots).
-Reads params: seed, evaluate.
+Explanations (`pipeline.explanations`, with the caption decoder of the captions stage and the concept
+vocabulary's text embeddings): latent names, relevance of named concepts, captions from the dense
+embedding / the sparse reconstruction / top-k in the original basis and their "describes the image"
+rates, example images and the latents that switch across intervention pairs.
+Outputs store/eval/<run>/metrics.json (DVC metrics), fvu_curve.json (DVC plots) and explain.json.
+Reads params: seed, evaluate, explain.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -25,6 +30,8 @@ import torch
 from pipeline.config import Params, Run, load_params
 from pipeline.dataset import Dataset, open_dataset
 from pipeline.evaluation import ConceptData, ConceptSettings, concept_metrics
+from pipeline.explain.captions import CaptionDecoder, load_decoder
+from pipeline.explanations import Concepts, KindData, edit_text, explain_rows, explain_run
 from pipeline.metrics.reconstruction import ReconstructionAccumulator
 from pipeline.models import build
 from pipeline.models.base import SparseModel
@@ -83,12 +90,67 @@ def concept_settings(params: Params) -> ConceptSettings:
                            cknna_k=e.cknna_k, cknna_max_n=e.cknna_max_n, fms_max_n=e.fms_max_n, seed=params.seed)
 
 
+def explain_kinds(params: Params, data: Dataset, store: Store, pair_codes: tuple[np.ndarray, np.ndarray]) -> list[KindData]:
+    """Each kind's test images (the seeded subsample `explain_rows`: the same rows for every run) and its
+    first `explain.pairs` intervention pairs, with labels restricted to the kind's columns. Captions of a
+    kind with complete labels (one-hot families) are judged against every column of the dataset (the
+    other kinds' attributes are false on its rows); those of a multi-label kind against its own columns."""
+    settings, pairs, names = params.explain, data.pairs, data.attribute_names
+    all_families: dict[str, list[int]] = {}
+    for kind in data.kinds:
+        for family, cols in data.families(kind).items():
+            all_families.setdefault(family, []).extend(cols)
+    kinds = []
+    for kind in data.kinds:
+        test = data.rows("test", kind)
+        if len(test) == 0:
+            continue
+        rows = test[explain_rows(len(test), settings.max_rows, params.seed)]
+        columns = np.asarray(data.columns(kind))
+        first = int(columns[0])
+        which = pairs.of_kind(kind)[: settings.pairs]
+        kinds.append(KindData(
+            kind=kind, rows=rows, x=store.take(rows), attributes=data.attributes[rows][:, columns],
+            attribute_names=[names[c] for c in columns], families={f: [c - first for c in cols] for f, cols in data.families(kind).items()},
+            truth=[data.captions[i] for i in rows], scored=data.one_hot(kind),
+            pair_ids=which, pairs_before=pair_codes[0][which], pairs_after=pair_codes[1][which],
+            pair_edits=[edit_text(names, int(pairs.removed[i]), int(pairs.added[i])) for i in which],
+            **({"caption_attributes": data.attributes[rows], "caption_names": list(names), "caption_families": all_families} if data.one_hot(kind) else {}),
+        ))
+    return kinds
+
+
+def read_concepts(layout: Layout) -> Concepts | None:
+    """The concept vocabulary's texts and text embeddings (store/embeddings/concepts.zarr), or None with a
+    warning when the encoder has no text tower (extract then writes no concepts.zarr): latents stay unnamed."""
+    path = layout.embeddings / "concepts.zarr"
+    if not path.exists():
+        log.warning("%s: missing (the encoder has no text tower): latents stay unnamed", path)
+        return None
+    vocabulary = open_store(path)
+    texts = vocabulary.attrs.get("texts")
+    if not isinstance(texts, list) or len(texts) != len(vocabulary):
+        raise ValueError(f"{path}: expected attrs['texts'] with one text per row ({len(vocabulary)}), got {type(texts).__name__}")
+    return Concepts(texts=[str(t) for t in texts], embeddings=vocabulary.read())
+
+
+def explanations(params: Params, cell: Run, model: SparseModel, decoder: CaptionDecoder, concepts: Concepts | None, kinds: list[KindData]) -> dict[str, Any]:
+    """The run's explain.json content (see pipeline.explanations)."""
+    start = time.perf_counter()
+    # the decoder's input mean is the mean training embedding: the captions stage trains it on exactly the training split
+    image_mean = decoder.input_mean.detach().cpu().numpy()
+    result = explain_run(model, cell.k, decoder, kinds, concepts, image_mean, params.explain.settings())
+    log.info("%s: explanations in %.1f s", cell.name, time.perf_counter() - start)
+    return {"run": cell.name, "method": cell.method, **result}
+
+
 def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
     data = open_dataset(layout.data)
     store = open_store(layout.embeddings / "images.zarr")
     model_dir = layout.models / cell.name
     config = read_config(model_dir)
     model = load_model(model_dir)
+    decoder, vocabulary = load_decoder(layout.captions), read_concepts(layout)  # before the long work: fail fast
     test_rows = data.rows("test")
     bs = params.evaluate.batch_size
     twin = untrained_twin(params, cell, model.d, store, data.rows("train"))
@@ -113,6 +175,7 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
         "train_seconds": history.get("seconds"), "best_epoch": history.get("best_epoch"),
         "concepts": concepts,
     }
+    explained = explanations(params, cell, model, decoder, vocabulary, explain_kinds(params, data, store, pair_codes))
     out = layout.evals / cell.name
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -120,11 +183,15 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
     tmp.mkdir(parents=True)
     (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1))
     (tmp / "fvu_curve.json").write_text(json.dumps(curve, indent=1))
+    (tmp / "explain.json").write_text(json.dumps(explained, indent=1))
     replace_dir(tmp, out)
     log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f)", cell.name, trained["fvu"], trained["l0"], untrained["fvu"])
     for kind, c in concepts.items():
         log.info("%s %s: MATCHScore %.3f (delta %.3f), TAPAScore %s", cell.name, kind, c["trained"]["match_score"], c["delta_match_score"],
                  (c["trained"]["tapas"] or {}).get("score"))
+    for kind, rates in explained["describes"].items():
+        log.info("%s %s: describes the image: dense %.3f, sparse %.3f, top-k original basis %.3f", cell.name, kind,
+                 rates["dense"], rates["sparse"], rates["topk_original"])
     return metrics
 
 

@@ -1,7 +1,8 @@
 """Stage `report`: the self-contained HTML report from the metrics the earlier stages wrote.
 
-Reads store/metrics/encoder.json, store/eval/*/metrics.json and fvu_curve.json, store/data/meta.json
-and params.yaml; writes reports/index.html (atomically). Recomputes nothing.
+Reads store/metrics/encoder.json, store/eval/*/metrics.json, fvu_curve.json and explain.json, store/data
+(meta.json; the images shown as thumbnails) and params.yaml; writes reports/index.html (atomically).
+Recomputes nothing. Reads params: sweep, report.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import json
 import logging
 import os
 
+import numpy as np
+
 from pipeline.config import Params, load_params
 from pipeline.dataset import Dataset, open_dataset
+from pipeline.explanations import best_runs, edit_text, example_table, latent_browser, rates_table, report_images
 from pipeline.paths import Layout
 from pipeline.provenance import code_version
 from pipeline.report import figures
@@ -29,25 +33,53 @@ def example_pairs(data: Dataset, per_kind: int = 6) -> list[dict]:
     for kind in data.kinds:
         for i in pairs.of_kind(kind)[:per_kind]:
             removed, added = int(pairs.removed[i]), int(pairs.added[i])
-            edit = f"{names[removed]} → {names[added]}" if added >= 0 else f"{names[removed]} removed"
+            edit = edit_text(names, removed, added)
             examples.append({"kind": kind, "family": pairs.family[i], "edit": edit,
                              "before": png_data_uri(pairs.before.read(i, i + 1)[0]), "after": png_data_uri(pairs.after.read(i, i + 1)[0])})
     return examples
+
+
+#: thumbnail size (px) and palette of the images in the latent list and the examples: small, so that the page
+#: stays a few MB with a few hundred distinct test images (each is inlined once, see render.image_css)
+THUMBNAIL_PX = 64
+THUMBNAIL_COLOURS = 64
+
+
+def thumbnails(data: Dataset, rows: list[int], pairs: list[int]) -> dict[str, str]:
+    """Data URIs of dataset rows ("r<row>") and of both images of pairs ("p<i>b", "p<i>a"), THUMBNAIL_PX wide."""
+    images: dict[str, str] = {}
+    if rows:
+        for row, image in zip(rows, data.images.take(np.asarray(rows, dtype=np.int64))):
+            images[f"r{row}"] = png_data_uri(image, THUMBNAIL_PX, THUMBNAIL_COLOURS)
+    if pairs:
+        index = np.asarray(pairs, dtype=np.int64)
+        for i, before, after in zip(pairs, data.pairs.before.take(index), data.pairs.after.take(index)):
+            images[f"p{i}b"] = png_data_uri(before, THUMBNAIL_PX, THUMBNAIL_COLOURS)
+            images[f"p{i}a"] = png_data_uri(after, THUMBNAIL_PX, THUMBNAIL_COLOURS)
+    return images
 
 
 def run(params: Params, layout: Layout, params_text: str) -> str:
     data = open_dataset(layout.data)
     encoder = json.loads(layout.encoder_metrics.read_text())
     planted = json.loads(layout.planted_metrics.read_text()) if layout.planted_metrics.is_file() else []
-    runs, curves = [], []
+    runs, curves, explains = [], [], {}
     for cell in params.runs():
         directory = layout.evals / cell.name
-        if not (directory / "metrics.json").is_file():
-            raise FileNotFoundError(f"{directory / 'metrics.json'}: missing; run `dvc repro` (evaluate@{cell.name})")
+        for name in ("metrics.json", "explain.json"):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory / name}: missing; run `dvc repro` (evaluate@{cell.name})")
         metrics = json.loads((directory / "metrics.json").read_text())
         runs.append(metrics)
+        explains[cell.name] = json.loads((directory / "explain.json").read_text())
         for point in json.loads((directory / "fvu_curve.json").read_text()):
             curves.append({**point, "size": metrics["size"], "rotation": cell.rotation})
+    best = best_runs(runs)
+    browser = latent_browser(runs, explains, best)
+    examples = example_table(explains, best)
+    rates = rates_table(list(explains.values()))
+    best_rates = {kind: [r for r in rows if best.get(r["method"]) == r["run"]] for kind, rows in rates.items()}
+    best_rotations = [explains[name] for name in best.values() if explains[name]["describes_curve"]]
     report = ReportData(
         title=params.report.title,
         code_version=code_version(layout.root),
@@ -63,7 +95,13 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
             "zero_shot": figures.zero_shot(encoder["zero_shot"]),
             **{f"sanity_{kind}": figures.sanity_panel(runs, kind) for kind in data.kinds},
             **{f"scores_{kind}": figures.scores_vs_size(runs, kind) for kind in data.kinds if any(not r["rotation"] for r in runs)},
+            **{f"explain_{kind}": figures.explanation_rates(rows, kind) for kind, rows in best_rates.items()},
+            **{f"describes_k_{kind}": figures.describes_vs_k(best_rotations, kind) for kind in rates if best_rotations},
         },
+        latent_browser=browser,
+        examples=examples,
+        rates=rates,
+        images=thumbnails(data, *report_images(browser, examples)),
     )
     html = render(report)
     layout.report.parent.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,12 @@ def test_repro_writes_a_report_with_sane_metrics(repro):
     assert 0 < metrics["trained"]["fvu"] < 1 and metrics["trained"]["l0"] <= 4 + 1e-9
     encoder = json.loads((repro / "store" / "metrics" / "encoder.json").read_text())
     assert encoder["zero_shot_mean"] > encoder["chance_mean"]
+    assert 'id="explanations"' in html and 'id="latents"' in html
+    for run in ["cedar-4", "topk-32-4"]:
+        explained = json.loads((repro / "store" / "eval" / run / "explain.json").read_text())
+        assert set(explained["describes"]) == {"objects", "multi"} and "objects" in explained["relevance"]
+        assert all(0 <= rates[s] <= 1 for rates in explained["describes"].values() for s in ("dense", "sparse", "topk_original"))
+        assert explained["latents"] and all(len(latent["names"]) == 5 for latent in explained["latents"])
 
 
 def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro):
