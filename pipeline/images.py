@@ -238,11 +238,14 @@ def encode_pixels(
 ) -> np.ndarray:
     """Run `forward` (pixels (b, 3, h, w) on `device` -> features (b, d)) over `images` -> float32 (n, d), unit rows.
 
-    Runs under `torch.no_grad()`; features are L2-normalised in float32 (a half-precision model's
-    outputs are upcast first, so the norms are exact to float32 precision).
+    Runs under `torch.no_grad()`; on a CUDA device the forward pass runs in bfloat16 autocast (mixed
+    precision: about twice the throughput of float32 on tensor cores, embeddings equal to ~1e-2 relative).
+    Features are L2-normalised in float32 (half-precision outputs are upcast first, so the norms are
+    exact to float32 precision).
     """
     out = []
-    with torch.no_grad():
+    device = torch.device(device)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
         for pixels in pixel_batches(images, preprocess, batch_size, input_size):
             features = forward(pixels.to(device, non_blocking=True)).float()
             out.append(F.normalize(features, dim=-1).cpu().numpy())

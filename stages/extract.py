@@ -1,7 +1,10 @@
-"""Stage `extract`: embed images, the concept vocabulary and both sides of every benchmark pair into zarr stores.
+"""Stage `extract`: embed images, captions, the concept vocabulary and both sides of every benchmark pair.
 
-Outputs in store/embeddings/: images.zarr (n, d), concepts.zarr (V, d), pairs_before.zarr and
-pairs_after.zarr (p, d), each float32 with provenance attributes (encoder id, dataset, params).
+Outputs in store/embeddings/: images.zarr (n, d), captions.zarr (n, d) and concepts.zarr (V, d)
+(encoders with a text tower), pairs_before.zarr and pairs_after.zarr (p, d), each float32 with
+provenance attributes (encoder id, dataset fingerprint). Images stream from the dataset's uint8
+store in batches (memory bounded by the batch size); pretrained encoders apply their own
+preprocessing and run in bfloat16 autocast on a GPU.
 Work happens in store/embeddings.tmp/ (kept if the stage is killed): a rerun resumes every
 store from its last complete chunk, then the directory is renamed into place.
 Reads params: extract.
@@ -68,6 +71,10 @@ def run(params: Params, layout: Layout) -> None:
         vocab = data.vocabulary
         write_array(tmp / "concepts.zarr", encoder.encode_texts(vocab, batch_size=bs), fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)},
                     attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
+        # captions repeat (procedural templates): embed each distinct caption once, store one row per image
+        distinct, inverse = np.unique(np.asarray(data.captions, dtype=object), return_inverse=True)
+        write_array(tmp / "captions.zarr", encoder.encode_texts(distinct.tolist(), batch_size=bs)[inverse],
+                    fingerprint={**base, "what": "captions", "captions": digest(data.captions)}, attrs={**attrs, "rows": "image captions"})
     else:
         log.warning("encoder %s has no text tower: concept naming will be unavailable", encoder.id)
     replace_dir(tmp, layout.embeddings)

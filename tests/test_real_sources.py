@@ -101,3 +101,7 @@ def test_pretrained_open_clip_encoder_through_encoder_and_extract_stages(folders
     assert store.shape == (24, 16) and store.attrs["encoder"] == metrics["encoder_id"]
     np.testing.assert_allclose(np.linalg.norm(store.read(), axis=1), 1.0, atol=1e-5)
     assert open_store(layout.embeddings / "concepts.zarr").shape[1] == 16
+    captions = open_store(layout.embeddings / "captions.zarr").read()
+    assert captions.shape == (24, 16)
+    same = [i for i in range(24) if open_dataset(layout.data).captions[i] == open_dataset(layout.data).captions[0]]
+    np.testing.assert_array_equal(captions[same], np.repeat(captions[:1], len(same), axis=0))
