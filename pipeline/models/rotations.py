@@ -27,8 +27,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from sklearn.decomposition import FastICA
-from sklearn.exceptions import ConvergenceWarning
 from torch import Tensor
 
 from pipeline.models.base import SparseModel, array_io
@@ -338,6 +336,9 @@ class ICABasis(FixedRotation):
         if rank == 0:
             raise ValueError("ica: the fit_init sample has zero variance; cannot fit a basis")
         whitened = centred @ axes[:rank].T / np.sqrt(variances[:rank])
+        from sklearn.decomposition import FastICA  # imported here: sklearn costs ~1.3 s, and only ICA needs it
+        from sklearn.exceptions import ConvergenceWarning
+
         ica = FastICA(n_components=rank, whiten=False, fun=self.fun, max_iter=self.max_iter, tol=self.tol, random_state=self._ica_seed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
