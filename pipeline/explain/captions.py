@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from pipeline.explain.relevance import check_captions
 from pipeline.models.base import SparseModel
 from pipeline.models.rotations import topk_abs
 
@@ -90,22 +91,12 @@ def detokenize(tokens: list[str]) -> str:
 def build_vocabulary(captions: list[str], min_count: int = 1) -> list[str]:
     """The decoder's vocabulary: the 4 special tokens, then every token seen >= min_count times,
     most frequent first (ties alphabetically, so the vocabulary is deterministic)."""
-    _check_captions(captions)
+    check_captions(captions)
     counts = Counter(token for caption in captions for token in tokenize(caption))
     words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS), key=lambda w: (-counts[w], w))
     if not words:
         raise ValueError(f"captions: no word occurs >= {min_count} times; cannot build an empty vocabulary")
     return list(SPECIAL_TOKENS) + words
-
-
-def _check_captions(captions: list[str]) -> None:
-    if isinstance(captions, str) or not isinstance(captions, (list, tuple)):
-        raise TypeError(f"captions: expected a list of strings, got {type(captions).__name__}")
-    if len(captions) == 0:
-        raise ValueError("captions: expected at least one caption, got an empty list")
-    bad = next((i for i, c in enumerate(captions) if not isinstance(c, str)), None)
-    if bad is not None:
-        raise TypeError(f"captions[{bad}]: expected a string, got {type(captions[bad]).__name__}")
 
 
 def _check_embeddings(embeddings: Any, d: int | None = None, name: str = "embeddings") -> np.ndarray:
@@ -372,7 +363,7 @@ def train_decoder(
     mode and the per-epoch history.
     """
     config = config or DecoderConfig()
-    _check_captions(captions)
+    check_captions(captions)
     x = _check_embeddings(embeddings)
     if len(captions) != x.shape[0]:
         raise ValueError(f"captions: expected {x.shape[0]} captions (one per embedding row), got {len(captions)}")

@@ -217,6 +217,17 @@ def stated_attributes(captions: list[str], phrases: list[list[str]]) -> np.ndarr
     return out
 
 
+def check_captions(captions: list[str]) -> None:
+    """A clear error unless `captions` is a non-empty list of strings."""
+    if isinstance(captions, str) or not isinstance(captions, (list, tuple)):
+        raise TypeError(f"captions: expected a list of strings, got {type(captions).__name__}")
+    if len(captions) == 0:
+        raise ValueError("captions: expected at least one caption, got an empty list")
+    bad = next((i for i, c in enumerate(captions) if not isinstance(c, str)), None)
+    if bad is not None:
+        raise TypeError(f"captions[{bad}]: expected a string, got {type(captions[bad]).__name__}")
+
+
 def describes_image_rate(
     captions: list[str], attributes: np.ndarray, attribute_names: list[str], families: dict[str, list[int]]
 ) -> CaptionJudgement:
@@ -227,13 +238,7 @@ def describes_image_rate(
     scene world's caption words for each attribute (see `attribute_phrases`).
     Returns the rate and the per-caption counts (`CaptionJudgement`).
     """
-    if isinstance(captions, str) or not isinstance(captions, (list, tuple)):
-        raise TypeError(f"captions: expected a list of strings, got {type(captions).__name__}")
-    if len(captions) == 0:
-        raise ValueError("captions: expected at least one caption, got an empty list")
-    bad = next((i for i, c in enumerate(captions) if not isinstance(c, str)), None)
-    if bad is not None:
-        raise TypeError(f"captions[{bad}]: expected a string, got {type(captions[bad]).__name__}")
+    check_captions(captions)
     attributes, names = _check_attributes(attributes, attribute_names, len(captions))
     if not isinstance(families, dict):
         raise TypeError(f"families: expected a dict family -> columns, got {type(families).__name__}")
