@@ -137,6 +137,14 @@ class Dataset:
         )
 
 
+def sample_rows(rows: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """A seeded subset of at most n of `rows`, sorted (so stores read it chunk by chunk). The same
+    (rows, n, seed) always gives the same subset: the train stage and the untrained twin in the
+    evaluate stage initialise from identical samples this way."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(rows, size=min(n, len(rows)), replace=False))
+
+
 def open_dataset(root: str | Path) -> Dataset:
     """Open a dataset directory; a clear error if it is missing or incomplete."""
     root = Path(root)

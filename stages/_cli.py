@@ -38,8 +38,26 @@ def run_main(name: str, body: Callable[[], object]) -> int:
     return 0
 
 
+def cell_main(name: str, description: str, run: Callable[..., object], argv: list[str] | None) -> int:
+    """`main` of a grid-cell stage (train, evaluate): --method, --size (SAEs), --k name the cell."""
+    p = parser(description)
+    p.add_argument("--method", required=True)
+    p.add_argument("--size", type=int, default=None, help="dictionary size (SAEs); rotations use d")
+    p.add_argument("--k", type=int, required=True)
+    args = p.parse_args(argv)
+
+    def body() -> None:
+        from pipeline.config import load_params
+        from pipeline.paths import Layout
+
+        params = load_params(args.params)
+        run(params, Layout(args.root), params.cell(args.method, args.size, args.k))
+
+    return run_main(name, body)
+
+
 def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-__all__: Sequence[str] = ["parser", "run_main", "exit_with", "setup_logging"]
+__all__: Sequence[str] = ["parser", "run_main", "cell_main", "exit_with", "setup_logging"]

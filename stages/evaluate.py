@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import Params, Run, load_params
-from pipeline.dataset import Dataset, open_dataset
+from pipeline.config import Params, Run
+from pipeline.dataset import Dataset, open_dataset, sample_rows
 from pipeline.evaluation import ConceptData, ConceptSettings, concept_metrics
 from pipeline.explain.captions import CaptionDecoder, load_decoder
 from pipeline.explanations import Concepts, KindData, edit_text, explain_rows, explain_run
@@ -38,7 +38,7 @@ from pipeline.models.base import SparseModel
 from pipeline.models.checkpoint import load_model, read_config
 from pipeline.paths import Layout
 from pipeline.store import Store, open_store, replace_dir
-from stages._cli import exit_with, parser, run_main
+from stages._cli import cell_main, exit_with
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,7 @@ def reconstruction(model: SparseModel, store: Store, rows: np.ndarray, batch_siz
 def untrained_twin(params: Params, cell: Run, d: int, store: Store, train_rows: np.ndarray) -> SparseModel:
     """Same method, size, k and seed as the trained run, initialised from data but never trained."""
     model = build(cell.method, d, cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
-    rng = np.random.default_rng(params.seed)
-    settings = params.train_settings(cell.method)
-    init_rows = np.sort(rng.choice(train_rows, size=min(settings.init_samples, len(train_rows)), replace=False))
+    init_rows = sample_rows(train_rows, params.train_settings(cell.method).init_samples, params.seed)
     model.fit_init(torch.as_tensor(store.take(init_rows), dtype=torch.float32))
     return model.eval()
 
@@ -67,8 +65,7 @@ def concept_data(params: Params, data: Dataset, kind: str, pair_codes: tuple[np.
     """One kind's matching rows (training split, subsampled), test rows and pairs, with labels restricted
     to that kind's columns (attribute indices local to them)."""
     train_rows, test_rows = data.rows("train", kind), data.rows("test", kind)
-    rng = np.random.default_rng(params.seed)
-    match_rows = np.sort(rng.choice(train_rows, size=min(params.evaluate.max_match_rows, len(train_rows)), replace=False))
+    match_rows = sample_rows(train_rows, params.evaluate.max_match_rows, params.seed)
     columns = np.asarray(data.columns(kind))
     first = int(columns[0])
     pairs = data.pairs
@@ -196,17 +193,7 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--method", required=True)
-    p.add_argument("--size", type=int, default=None)
-    p.add_argument("--k", type=int, required=True)
-    args = p.parse_args(argv)
-
-    def body() -> None:
-        params = load_params(args.params)
-        run(params, Layout(args.root), params.cell(args.method, args.size, args.k))
-
-    return run_main("evaluate", body)
+    return cell_main("evaluate", __doc__.splitlines()[0], run, argv)
 
 
 if __name__ == "__main__":

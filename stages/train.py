@@ -15,10 +15,9 @@ import math
 import shutil
 import time
 
-import numpy as np
 
-from pipeline.config import Params, Run, load_params
-from pipeline.dataset import open_dataset
+from pipeline.config import Params, Run
+from pipeline.dataset import open_dataset, sample_rows
 from pipeline.models import build
 from pipeline.models.checkpoint import save_model
 from pipeline.paths import Layout
@@ -26,7 +25,7 @@ from pipeline.provenance import code_version
 from pipeline.resume import load_resume, save_resume
 from pipeline.store import open_store, replace_dir
 from pipeline.train import TrainResult, fit
-from stages._cli import exit_with, parser, run_main
+from stages._cli import cell_main, exit_with
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,7 @@ def run(params: Params, layout: Layout, cell: Run) -> TrainResult:
     train_rows, val_rows = data.rows("train"), data.rows("val")
     if len(embeddings) != len(data.split):
         raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
-    rng = np.random.default_rng(params.seed)
-    init_rows = np.sort(rng.choice(train_rows, size=min(settings.init_samples, len(train_rows)), replace=False))
+    init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
     model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
     work = layout.models / f"{cell.name}.tmp"
     start = time.perf_counter()
@@ -69,17 +67,7 @@ def run(params: Params, layout: Layout, cell: Run) -> TrainResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--method", required=True)
-    p.add_argument("--size", type=int, default=None, help="dictionary size (SAEs); rotations use d")
-    p.add_argument("--k", type=int, required=True)
-    args = p.parse_args(argv)
-
-    def body() -> None:
-        params = load_params(args.params)
-        run(params, Layout(args.root), params.cell(args.method, args.size, args.k))
-
-    return run_main("train", body)
+    return cell_main("train", __doc__.splitlines()[0], run, argv)
 
 
 if __name__ == "__main__":
