@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from pipeline.models import build  # noqa: E402
 from pipeline.models.cedar import fit  # noqa: E402
-from pipeline.models.planted import Planted, axis_recovery, fvu, oracle_fvu, planted  # noqa: E402
+from pipeline.metrics.reconstruction import fvu  # noqa: E402
+from pipeline.models.planted import Planted, axis_recovery, oracle_fvu, planted  # noqa: E402
 
 
 def evaluate(model, data: Planted, k: int) -> tuple[float, float, float]:

@@ -20,7 +20,8 @@ from pipeline.models.cedar import (
     sample_k,
 )
 from pipeline.models.checkpoint import load_model, save_model
-from pipeline.models.planted import axis_recovery, fvu, planted
+from pipeline.metrics.reconstruction import fvu
+from pipeline.models.planted import axis_recovery, planted
 
 PARAMETRIZATIONS = ["expm", "cayley", "householder"]
 QUARTER_TURN = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])

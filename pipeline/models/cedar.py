@@ -265,9 +265,8 @@ def fit(x: np.ndarray, k: int, seed: int = 0, **schedule: Any) -> Cedar:
     `schedule` takes Cedar options (parametrization, curriculum_frac, ...) and TrainSettings
     fields (epochs, lr, batch_size, ...), in one flat namespace; `seed` seeds both the model
     init and the training loop. Runs `pipeline.train.fit_array`, the same loop as the stage.
-    Defaults that differ from TrainSettings: lr = DEFAULT_LR (1e-2), and patience is extended
-    by the curriculum's share of the epochs (validation FVU at the target k says little while
-    k is still coming down).
+    Default that differs from TrainSettings: lr = DEFAULT_LR (1e-2). Early-stopping patience only
+    counts once the curriculum has reached the target k (the loop reads `curriculum_end`).
     """
     import inspect
 
@@ -284,8 +283,4 @@ def fit(x: np.ndarray, k: int, seed: int = 0, **schedule: Any) -> Cedar:
         raise ValueError(f"cedar.fit: unknown schedule keys {unknown}; known: {sorted(known)}")
     options, settings = split_settings({"lr": DEFAULT_LR, **schedule, "seed": seed})
     model = build("cedar", d=x.shape[1], dict_size=x.shape[1], k=k, seed=seed, **options)
-    if "patience" not in schedule:
-        # validation FVU is measured at the target k, which the rotation is not yet trained
-        # for while the curriculum runs: don't let early stopping end training there
-        settings.patience += math.ceil(model.curriculum_frac * settings.epochs)
     return fit_array(model, x, settings).model  # type: ignore[return-value]

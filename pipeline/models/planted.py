@@ -16,6 +16,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from pipeline.metrics.reconstruction import fvu
+
 from pipeline.models.rotations import haar_orthogonal, topk_abs
 
 
@@ -95,16 +97,6 @@ def axis_recovery(rotation: np.ndarray | torch.Tensor, q: np.ndarray | torch.Ten
     learned = learned / np.maximum(np.linalg.norm(learned, axis=1, keepdims=True), 1e-300)
     true = true / np.maximum(np.linalg.norm(true, axis=1, keepdims=True), 1e-300)
     return float(np.abs(true @ learned.T).max(axis=1).mean())
-
-
-def fvu(x: np.ndarray, x_hat: np.ndarray) -> float:
-    """Fraction of variance unexplained, sum ||x - x^||^2 / sum ||x - mean(x)||^2, in float64
-    (SPEC section C; the pipeline's metrics module is the reference for streamed data)."""
-    x = np.asarray(x, dtype=np.float64)
-    x_hat = np.asarray(x_hat, dtype=np.float64)
-    if x.shape != x_hat.shape or x.ndim != 2:
-        raise ValueError(f"fvu: expected two arrays of the same shape (n, d), got {x.shape} and {x_hat.shape}")
-    return float(((x - x_hat) ** 2).sum() / max(((x - x.mean(axis=0)) ** 2).sum(), 1e-300))
 
 
 def oracle_fvu(data: Planted, k: int) -> float:
