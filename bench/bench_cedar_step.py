@@ -1,7 +1,7 @@
 """Training-step time of CEDAR against a TopK SAE of dictionary size d, measured side by side.
 
-    python bench/bench_cedar_step.py                       # d = 512, batch 256, k = 32, 1 CPU thread
-    python bench/bench_cedar_step.py --d 768 --threads 2
+    python bench/bench_cedar_step.py                       # d = 512, batches 256 1024 4096, k = 32, 1 CPU thread
+    python bench/bench_cedar_step.py --d 768 --threads 2 --batch 1024
     python bench/bench_cedar_step.py --device cuda
 
 One step = forward + backward + Adam step on the same batch. For each CEDAR parametrization
@@ -11,6 +11,15 @@ The TopK step is `pipeline.models.sae.TopKSAE` when that module exists, else the
 written below (encoder, top-k ReLU, decoder, MSE; printed as well, for reference). Timings are
 interleaved round-robin and the best of the repeats is reported: on a shared machine the
 minimum is the least disturbed estimate of each step's own cost.
+
+Why the batch size is part of the answer: a TopK step of dictionary d costs about five (batch, d) x
+(d, d) matmuls, 5 B d^2 multiply-adds, while any exact orthogonal map A -> U costs a fixed number of
+(d, d) x (d, d) products per step, c d^3, whatever the batch (Cayley: an inverse forward and two
+products backward, c ~ 3; expm: a degree-13/18 Pade approximant with squarings forward and the same on
+a 2d x 2d block backward, c ~ 100). The ratio is therefore about 1 + c d / (5 B): at d = 512 and
+B = 256 no exact map can stay within 1.5x (that needs c <= 1.25), while the same map amortised over
+a larger batch can. The script prints the ratio for each batch of `--batch` so that trade-off is
+measured, not assumed.
 """
 
 from __future__ import annotations
@@ -95,7 +104,7 @@ def map_fn(model: Cedar, x: Tensor) -> Callable[[], None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--batch", type=int, nargs="+", default=[256, 1024, 4096], help="batch sizes, one table each")
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
@@ -103,22 +112,28 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    for batch in args.batch:
+        measure(args.d, batch, args.k, args.repeats, device)
+
+
+def measure(d: int, batch: int, k: int, repeats: int, device: torch.device) -> None:
+    """Time every step on one (batch, d) batch, interleaved; print the table for this batch size."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    x = torch.randn(args.batch, args.d, device=device)
+    x = torch.randn(batch, d, device=device)
 
-    runs: dict[str, Callable[[], None]] = {"plain": step_fn(PlainTopK(args.d, args.d, args.k).to(device), x)}
-    sae = pipeline_topk(args.d, args.k)
+    runs: dict[str, Callable[[], None]] = {"plain": step_fn(PlainTopK(d, d, k).to(device), x)}
+    sae = pipeline_topk(d, k)
     if sae is not None:
         runs["pipeline"] = step_fn(sae.to(device), x)
     reference = "pipeline" if sae is not None else "plain"
     for p in ORTHOGONAL_MAPS:
         # a trained-looking A (rotation far from I): the cost of expm grows with ||A - A^T||
-        model = Cedar(args.d, args.d, args.k, parametrization=p, init="random", init_scale=1.0, random_k="none", curriculum_frac=0.0).to(device)
+        model = Cedar(d, d, k, parametrization=p, init="random", init_scale=1.0, random_k="none", curriculum_frac=0.0).to(device)
         runs[f"{p}:map"] = map_fn(model, x)
         runs[p] = step_fn(model, x)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for repeat in range(args.repeats + 2):
+    for repeat in range(repeats + 2):
         for name, run in runs.items():
             sync()
             start = time.perf_counter()
@@ -128,7 +143,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
     ms = {name: 1e3 * min(values) for name, values in times.items()}
 
-    print(f"d={args.d} batch={args.batch} k={args.k} device={device} threads={torch.get_num_threads()} (best of {args.repeats})")
+    print(f"d={d} batch={batch} k={k} device={device} threads={torch.get_num_threads()} (best of {repeats})")
     print(f"  reference = {'pipeline.models.sae.TopKSAE' if reference == 'pipeline' else 'the plain TopK step of this script'}")
     print(f"  {'plain TopK (bench)':<24} {ms['plain']:8.2f} ms/step  {ms['plain'] / ms[reference]:5.2f}x")
     if "pipeline" in ms:
@@ -136,7 +151,6 @@ def main() -> None:
     for p in ORTHOGONAL_MAPS:
         share = ms[f"{p}:map"] / ms[p]
         print(f"  CEDAR[{p}]{'':<{17 - len(p)}} {ms[p]:8.2f} ms/step  {ms[p] / ms[reference]:5.2f}x   A->U fwd+bwd {ms[p + ':map']:8.2f} ms = {100 * share:3.0f}% of the step")
-
 
 if __name__ == "__main__":
     main()

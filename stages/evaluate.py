@@ -1,4 +1,4 @@
-"""Stage `evaluate`: metrics of one trained run, its untrained twin and random codes.
+"""Evaluation of one grid cell (run by `stages.cell`): metrics of the trained run, its untrained twin and random codes.
 
 Reconstruction (test split): for the trained model and the untrained model of the same method,
 size and seed (initial weights, data-dependent init only, same sparsifier): dataset-level FVU
@@ -38,7 +38,6 @@ from pipeline.models.base import SparseModel
 from pipeline.models.checkpoint import load_model, read_config
 from pipeline.paths import Layout
 from pipeline.store import Store, open_store, replace_dir
-from stages._cli import cell_main, exit_with
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +189,3 @@ def run(params: Params, layout: Layout, cell: Run) -> dict[str, Any]:
         log.info("%s %s: describes the image: dense %.3f, sparse %.3f, top-k original basis %.3f", cell.name, kind,
                  rates["dense"], rates["sparse"], rates["topk_original"])
     return metrics
-
-
-def main(argv: list[str] | None = None) -> int:
-    return cell_main("evaluate", __doc__.splitlines()[0], run, argv)
-
-
-if __name__ == "__main__":
-    exit_with(main())

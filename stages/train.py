@@ -1,42 +1,91 @@
-"""Stage `train`: train one grid cell (method x dictionary size x k) on the image embeddings.
+"""Training of one grid cell (method x dictionary size x k) on the image embeddings (run by `stages.cell`).
 
 Streams shuffled batches of the training split from store/embeddings/images.zarr (a shuffle
 buffer over chunks, never the whole store), validates on the validation split, checkpoints
 every epoch in store/models/<run>.tmp/ so a killed run resumes, and writes the final
 checkpoint (safetensors + config.json + history.json) to store/models/<run>/.
+
+A finished checkpoint records the fingerprint of everything its training read (`training_fingerprint`):
+the method, size, k, seed, the method's options and loop settings, the embeddings' fingerprint, the
+training and validation rows, and the source of the training code (`TRAINING_CODE`). When
+store/models/<run>/ already holds a checkpoint with the current fingerprint, training is skipped and
+that model is reused, so that re-evaluating a cell (new `evaluate` or `explain` params) never retrains it.
 Reads params: seed, data.split, train, methods.<method>.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import shutil
 import time
+from pathlib import Path
 
+import numpy as np
 
 from pipeline.config import Params, Run
 from pipeline.dataset import open_dataset, sample_rows
 from pipeline.models import build
-from pipeline.models.checkpoint import save_model
+from pipeline.models.checkpoint import read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import code_version
+from pipeline.provenance import code_version, digest
 from pipeline.resume import load_resume, save_resume
 from pipeline.store import open_store, replace_dir
-from pipeline.train import TrainResult, fit
-from stages._cli import cell_main, exit_with
+from pipeline.train import fit
 
 log = logging.getLogger(__name__)
 
+#: the source files and folders (relative to the repository root) whose code decides what training produces;
+#: dvc.yaml lists each of them as a dependency of the grid-cell stages (a test checks it).
+TRAINING_CODE = ("pipeline/models", "pipeline/train.py", "pipeline/resume.py", "pipeline/dataset.py", "pipeline/store.py", "stages/train.py")
+CODE_ROOT = Path(__file__).resolve().parents[1]
 
-def run(params: Params, layout: Layout, cell: Run) -> TrainResult:
+
+def code_digest(paths: tuple[str, ...] = TRAINING_CODE, root: Path = CODE_ROOT) -> str:
+    """Short sha256 over the bytes of every .py file under `paths` (sorted, with their relative names)."""
+    h = hashlib.sha256()
+    for entry in paths:
+        path = root / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for file in files:
+            h.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def training_fingerprint(params: Params, cell: Run, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
+    """Digest of every input of one cell's training: equal fingerprints train equal models."""
+    return digest({
+        "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
+        "options": params.method_options(cell.method), "train": params.train_settings(cell.method).__dict__,
+        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": code_digest(),
+    })
+
+
+def recorded_fingerprint(directory: Path) -> str | None:
+    """The training fingerprint of the finished checkpoint in `directory`; None if there is none or it is unreadable."""
+    if not (directory / "model.safetensors").is_file() or not (directory / "history.json").is_file():
+        return None
+    try:
+        return read_config(directory).get("provenance", {}).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run(params: Params, layout: Layout, cell: Run) -> Path:
+    """Train the cell (or reuse its up-to-date checkpoint); returns the checkpoint directory store/models/<run>."""
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
     embeddings = open_store(layout.embeddings / "images.zarr")
     train_rows, val_rows = data.rows("train"), data.rows("val")
     if len(embeddings) != len(data.split):
         raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
+    out = layout.models / cell.name
+    fingerprint = training_fingerprint(params, cell, embeddings.attrs.get("fingerprint"), train_rows, val_rows)
+    if recorded_fingerprint(out) == fingerprint:
+        log.info("%s: reusing %s (trained from the same inputs, fingerprint %s)", cell.name, out, fingerprint)
+        return out
     init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
     model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
     work = layout.models / f"{cell.name}.tmp"
@@ -56,19 +105,11 @@ def run(params: Params, layout: Layout, cell: Run) -> TrainResult:
     if final.exists():
         shutil.rmtree(final)
     provenance = {"run": cell.name, "size": cell.size, "code": code_version(layout.root), "embeddings": embeddings.attrs.get("fingerprint"),
-                  "train": params.train_settings(cell.method).__dict__}
+                  "train": settings.__dict__, "fingerprint": fingerprint}
     save_model(result.model.cpu(), final, provenance)
     (final / "history.json").write_text(json.dumps({"history": result.history, "best_epoch": result.best_epoch,
                                                     "stopped_early": result.stopped_early, "seconds": seconds}, indent=1))
-    replace_dir(final, layout.models / cell.name)
+    replace_dir(final, out)
     shutil.rmtree(work, ignore_errors=True)
     log.info("%s: trained in %.1fs (best epoch %d)", cell.name, seconds, result.best_epoch)
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    return cell_main("train", __doc__.splitlines()[0], run, argv)
-
-
-if __name__ == "__main__":
-    exit_with(main())
+    return out

@@ -1,5 +1,6 @@
 """End to end on the tiny preset: `dvc repro` in a scratch copy of the repository, then a sweep edit
-that must rerun only the new grid cells and the report, and the Prefect flow over the same stages."""
+that must rerun only the new grid cells and the report, an evaluation change that must not retrain, and the
+Prefect flow over the same stages."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     params = yaml.safe_load((repro / "params.yaml").read_text())
     params["sweep"]["sae"]["dict_sizes"].append(64)
     (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    expected = ["evaluate_sae@topk-64-4", "report", "train_sae@topk-64-4"]
+    expected = ["report", "sae@topk-64-4"]
     assert sorted(json.loads(dvc(repro, "status", "--json"))) == expected
     before = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     out = dvc(repro, "repro")
@@ -98,3 +99,26 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
     assert touched == {("models", "topk-64-4"), ("eval", "topk-64-4")}
+
+
+def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repro):
+    dvc(repro, "repro")  # up to date whatever the tests before changed
+    cells = sorted(f"{'rotation' if run.startswith('cedar') else 'sae'}@{run}" for run in os.listdir(repro / "store" / "models")
+                   if not run.endswith((".tmp", ".final", ".old")))
+    params = yaml.safe_load((repro / "params.yaml").read_text())
+    params["evaluate"]["ks"] = [1, 2, 3, 4, 8, 16]
+    (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    models = {p: p.stat().st_mtime_ns for p in (repro / "store" / "models").rglob("*") if p.is_file()}
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repro, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ran = sorted(line.split("'")[1] for line in result.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == sorted([*cells, "report"])
+    assert {p: p.stat().st_mtime_ns for p in (repro / "store" / "models").rglob("*") if p.is_file()} == models, "no model was retrained"
+    assert result.stderr.count("reusing") == len(cells)
+    curve = json.loads((repro / "store" / "eval" / "cedar-4" / "fvu_curve.json").read_text())
+    assert 3 in {p["k"] for p in curve}, "the evaluation used the new params"
+    params["train"]["epochs"] += 1  # a training input: that cell retrains
+    (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repro, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "reusing" not in result.stderr and result.stderr.count("trained in") == len(cells)
