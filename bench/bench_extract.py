@@ -1,4 +1,4 @@
-"""Image-file extraction throughput: the DataLoader path next to a bare forward loop, in one run.
+"""Extraction throughput: the pipeline's two image paths next to a bare forward loop, in one run.
 
     OMP_NUM_THREADS=1 python bench/bench_extract.py [--n 500] [--workers 1] [--batch 50]
     OMP_NUM_THREADS=1 python bench/bench_extract.py --arch ViT-B-32 --size 320 --n 400 --batch 32
@@ -12,10 +12,14 @@ pass dominates and decoding hides behind it.
 
 - bare loop: every image decoded and preprocessed beforehand, then only `encode_images` on the
   in-memory float tensors, batch by batch: the model's own speed;
-- DataLoader path: `iter_image_batches` (PIL decoding + preprocessing in spawned workers) feeding
-  `encode_images`: what extraction does.
+- extract stage: `stages.extract.embed_store` from a uint8 zarr store (the dataset's images.zarr,
+  written by the data stage) into a float32 embeddings store: zarr reads, the encoder's preprocessing,
+  the forward pass and zarr writes, exactly what the extract stage runs per store;
+- DataLoader path: `iter_image_batches` (PIL decoding of the files + preprocessing in spawned workers)
+  feeding `encode_images`: how image files are decoded in parallel (the data stage of real datasets).
 
-Prints images/s of both and their ratio (target >= 0.9), both for the whole run (including the
+Prints images/s of each and their ratio to the bare loop (target >= 0.9); for the DataLoader path both
+for the whole run (including the
 start-up and shut-down of the spawned workers: fixed costs of seconds, mostly importing torch and
 open_clip in the worker, and its exit) and for the steady state (first to last batch), the share of the steady state the main process
 spent waiting for data, then the peak RSS of this process and of the workers (getrusage). On a machine
@@ -37,7 +41,9 @@ import torch
 from PIL import Image
 
 from pipeline.encoders.openclip import OpenClipEncoder
-from pipeline.images import iter_image_batches, load_rgb
+from pipeline.images import SquareUint8, iter_image_batches, load_rgb
+from pipeline.store import open_store, write_array
+from stages.extract import embed_store
 
 ARCH = "bench-tiny-vit"
 CONFIG = {
@@ -71,6 +77,19 @@ def build_encoder(arch: str, folder: Path) -> OpenClipEncoder:
     config = folder / f"{ARCH}.json"
     config.write_text(json.dumps(CONFIG))
     return OpenClipEncoder(ARCH, None, device="cpu", model_config=config)
+
+
+def time_store(encoder: OpenClipEncoder, images: Path, out: Path, batch: int) -> tuple[float, np.ndarray]:
+    """One pass of the extract stage's path (uint8 store -> embeddings store): images/s and the embeddings."""
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    source = open_store(images)
+    start = time.perf_counter()
+    embed_store(encoder, source, out, batch, batch * 4, {"bench": True}, {}, "store")
+    rate = len(source) / (time.perf_counter() - start)
+    return rate, open_store(out).read()
 
 
 def time_loader(encoder: OpenClipEncoder, paths: list[Path], args: argparse.Namespace) -> dict:
@@ -109,14 +128,19 @@ def main() -> None:
         paths = write_pngs(folder, args.n, args.size)
 
         pixels = torch.stack([encoder.preprocess(load_rgb(p)) for p in paths])  # (n, 3, h, w), outside the timing
+        square = SquareUint8(args.size)  # the uint8 images.zarr the data stage writes (here at the PNGs' own size)
+        write_array(folder / "images.zarr", np.stack([square(load_rgb(p)).numpy() for p in paths]), fingerprint={"bench": True})
         encoder.encode_images(pixels[: args.batch], batch_size=args.batch)  # warm-up
-        bare_rates, loader = [], []
-        for _ in range(args.rounds):  # alternate the two, so a busy neighbour slows both alike
+        bare_rates, store_rates, loader = [], [], []
+        for _ in range(args.rounds):  # alternate the paths, so a busy neighbour slows all alike
             start = time.perf_counter()
             bare = [encoder.encode_images(pixels[i : i + args.batch], batch_size=args.batch) for i in range(0, args.n, args.batch)]
             bare_rates.append(args.n / (time.perf_counter() - start))
+            rate, stored = time_store(encoder, folder / "images.zarr", folder / "embeddings.zarr", args.batch)
+            store_rates.append(rate)
             loader.append(time_loader(encoder, paths, args))
             assert np.allclose(np.concatenate(bare), loader[-1].pop("embeddings"), atol=1e-5), "the two paths disagree"
+            assert np.allclose(np.concatenate(bare), stored, atol=1e-5), "the store path disagrees"
 
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -126,10 +150,17 @@ def main() -> None:
     median = {key: float(np.median([run[key] for run in loader])) for key in loader[0]}
     print(f"medians of {args.rounds} alternating rounds")
     print(f"{'what':<40}{'images/s':>10}{'ratio':>8}")
-    print(f"{'bare forward loop (preprocessed tensors)':<40}{bare_rate:>10.0f}{1.0:>8.2f}")
-    print(f"{'DataLoader path, whole run':<40}{median['total_rate']:>10.0f}{median['total_rate'] / bare_rate:>8.2f}")
-    print(f"{'DataLoader path, steady state':<40}{median['steady_rate']:>10.0f}{median['steady_rate'] / bare_rate:>8.2f}")
+    print(f"{'bare forward loop (preprocessed tensors)':<40}{bare_rate:>10.1f}{1.0:>8.2f}")
+    store_rate = float(np.median(store_rates))
+    print(f"{'extract stage (uint8 store -> store)':<40}{store_rate:>10.1f}{store_rate / bare_rate:>8.2f}")
+    print(f"{'DataLoader path, whole run':<40}{median['total_rate']:>10.1f}{median['total_rate'] / bare_rate:>8.2f}")
+    print(f"{'DataLoader path, steady state':<40}{median['steady_rate']:>10.1f}{median['steady_rate'] / bare_rate:>8.2f}")
     print(f"fixed costs: worker start-up (time to first batch) {median['startup_s']:.2f} s, worker shut-down {median['shutdown_s']:.2f} s")
+    fixed, steady = median["startup_s"] + median["shutdown_s"], median["steady_rate"]
+    if steady > 0.9 * bare_rate:  # n / (fixed + n / steady) >= 0.9 bare  <=>  n >= 0.9 bare fixed / (1 - 0.9 bare / steady)
+        print(f"the DataLoader path's whole run reaches 0.9 of the bare loop from about {0.9 * bare_rate * fixed / (1 - 0.9 * bare_rate / steady):.0f} images")
+    else:
+        print("the DataLoader path's steady state is below 0.9 of the bare loop: no run length reaches it")
     print(f"steady state: the main process waited for data {median['wait_s']:.3f} s of {median['steady_s']:.2f} s "
           f"({100 * median['wait_s'] / median['steady_s']:.1f}%)")
     print(f"peak RSS: main process {rss_self:.0f} MiB, largest worker {rss_children:.0f} MiB")
