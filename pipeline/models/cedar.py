@@ -118,9 +118,12 @@ class Cedar(RotationModel):
     Options (keyword-only; all have defaults and are validated by params.yaml through this signature):
     - `parametrization` ("expm"): the orthogonal map A -> U. "expm" = matrix_exp(A - A^T), the
       paper's map, exact and complete but O(d^3) with an expensive backward (torch
-      differentiates it through a 2d x 2d matrix_exp): about 20x a TopK SAE step at d = 512
-      on one CPU core, 97% of it in A -> U (bench/bench_cedar_step.py). "cayley" (about 2.2x)
-      and "householder" (about 2.9x) are exactly orthogonal too; prefer them for large d on CPU.
+      differentiates it through a 2d x 2d matrix_exp). "cayley" and "householder" are exactly
+      orthogonal too and about 13x / 9x cheaper. The map's cost is fixed per step while a
+      TopK step grows with the batch, so the batch decides the ratio: training step against a
+      TopK SAE step of dictionary d, d = 512, one CPU core (bench/bench_cedar_step.py), at
+      batch 256 / 1024 / 4096: expm 19.4x / 6.4x / 2.2x, cayley 2.2x / 1.2x / 0.9x,
+      householder 2.9x / 1.4x / 1.0x. For large d on CPU prefer cayley with batches >= 1024.
     - `init` ("identity"): A = 0 so U = I (training starts from the original coordinates).
       "random" = A with i.i.d. N(0, init_scale^2 / d) entries, drawn from torch's RNG (seeded
       by `build`). On the planted benchmark (d = 64) identity gives the lower FVU when
