@@ -39,7 +39,7 @@ def run_main(name: str, body: Callable[[], object]) -> int:
 
 
 def cell_main(name: str, description: str, run: Callable[..., object], argv: list[str] | None) -> int:
-    """`main` of a grid-cell stage (train, evaluate): --method, --size (SAEs), --k name the cell."""
+    """`main` of the grid-cell stage (stages.cell): --method, --size (SAEs), --k name the cell."""
     p = parser(description)
     p.add_argument("--method", required=True)
     p.add_argument("--size", type=int, default=None, help="dictionary size (SAEs); rotations use d")
