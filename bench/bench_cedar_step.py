@@ -152,5 +152,6 @@ def measure(d: int, batch: int, k: int, repeats: int, device: torch.device) -> N
         share = ms[f"{p}:map"] / ms[p]
         print(f"  CEDAR[{p}]{'':<{17 - len(p)}} {ms[p]:8.2f} ms/step  {ms[p] / ms[reference]:5.2f}x   A->U fwd+bwd {ms[p + ':map']:8.2f} ms = {100 * share:3.0f}% of the step")
 
+
 if __name__ == "__main__":
     main()

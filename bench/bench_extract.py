@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -82,8 +83,6 @@ def build_encoder(arch: str, folder: Path) -> OpenClipEncoder:
 def time_store(encoder: OpenClipEncoder, images: Path, out: Path, batch: int) -> tuple[float, np.ndarray]:
     """One pass of the extract stage's path (uint8 store -> embeddings store): images/s and the embeddings."""
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     source = open_store(images)
     start = time.perf_counter()

@@ -33,3 +33,9 @@ def file_digest(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
+
+
+def source_digest(paths: tuple[str, ...], root: Path) -> str:
+    """Short sha256 of the .py files under `paths` (files or folders relative to `root`): names and contents."""
+    files = sorted(f for entry in paths for f in ((root / entry).rglob("*.py") if (root / entry).is_dir() else [root / entry]))
+    return digest([(f.relative_to(root).as_posix(), file_digest(f)) for f in files])

@@ -15,7 +15,6 @@ Reads params: seed, data.split, train, methods.<method>.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from pipeline.dataset import open_dataset, sample_rows
 from pipeline.models import build
 from pipeline.models.checkpoint import read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest
+from pipeline.provenance import code_version, digest, source_digest
 from pipeline.resume import load_resume, save_resume
 from pipeline.store import open_store, replace_dir
 from pipeline.train import fit
@@ -43,23 +42,12 @@ TRAINING_CODE = ("pipeline/models", "pipeline/train.py", "pipeline/resume.py", "
 CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
-def code_digest(paths: tuple[str, ...] = TRAINING_CODE, root: Path = CODE_ROOT) -> str:
-    """Short sha256 over the bytes of every .py file under `paths` (sorted, with their relative names)."""
-    h = hashlib.sha256()
-    for entry in paths:
-        path = root / entry
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        for file in files:
-            h.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
 def training_fingerprint(params: Params, cell: Run, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
     """Digest of every input of one cell's training: equal fingerprints train equal models."""
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
         "options": params.method_options(cell.method), "train": params.train_settings(cell.method).__dict__,
-        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": code_digest(),
+        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": source_digest(TRAINING_CODE, CODE_ROOT),
     })
 
 

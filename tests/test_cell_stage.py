@@ -12,7 +12,8 @@ import yaml
 
 from pipeline.cli import preset_text
 from pipeline.config import validate_params
-from stages.train import TRAINING_CODE, code_digest, recorded_fingerprint, training_fingerprint
+from pipeline.provenance import source_digest
+from stages.train import TRAINING_CODE, recorded_fingerprint, training_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,18 +40,18 @@ def write(root: Path, files: dict[str, str]) -> None:
         (root / name).write_text(text)
 
 
-def test_code_digest_changes_with_any_training_source_and_only_with_it(tmp_path):
+def test_source_digest_changes_with_any_training_source_and_only_with_it(tmp_path):
     write(tmp_path, {"pkg/models/a.py": "x = 1\n", "pkg/models/notes.txt": "ignored", "pkg/train.py": "y = 2\n", "pkg/other.py": "z = 3\n"})
     paths = ("pkg/models", "pkg/train.py")
-    base = code_digest(paths, tmp_path)
-    assert base == code_digest(paths, tmp_path) and len(base) == 16
+    base = source_digest(paths, tmp_path)
+    assert base == source_digest(paths, tmp_path) and len(base) == 16
     write(tmp_path, {"pkg/other.py": "z = 4\n", "pkg/models/notes.txt": "edited"})
-    assert code_digest(paths, tmp_path) == base, "files outside the training code (and non-.py files) do not count"
+    assert source_digest(paths, tmp_path) == base, "files outside the training code (and non-.py files) do not count"
     write(tmp_path, {"pkg/models/a.py": "x = 2\n"})
-    edited = code_digest(paths, tmp_path)
+    edited = source_digest(paths, tmp_path)
     assert edited != base
     write(tmp_path, {"pkg/models/b.py": ""})
-    assert code_digest(paths, tmp_path) != edited, "a new module in a training folder counts"
+    assert source_digest(paths, tmp_path) != edited, "a new module in a training folder counts"
 
 
 def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
