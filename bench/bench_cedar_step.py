@@ -15,8 +15,8 @@ minimum is the least disturbed estimate of each step's own cost.
 Why the batch size is part of the answer: a TopK step of dictionary d costs about five (batch, d) x
 (d, d) matmuls, 5 B d^2 multiply-adds, while any exact orthogonal map A -> U costs a fixed number of
 (d, d) x (d, d) products per step, c d^3, whatever the batch (Cayley: an inverse forward and two
-products backward, c ~ 3; expm: a degree-13/18 Pade approximant with squarings forward and the same on
-a 2d x 2d block backward, c ~ 100). The ratio is therefore about 1 + c d / (5 B): at d = 512 and
+products backward, c ~ 3.6 measured at d = 512; expm: a degree-13/18 Pade approximant with squarings
+forward and the same on a 2d x 2d block backward, c ~ 47 measured). The ratio is therefore about 1 + c d / (5 B): at d = 512 and
 B = 256 no exact map can stay within 1.5x (that needs c <= 1.25), while the same map amortised over
 a larger batch can. The script prints the ratio for each batch of `--batch` so that trade-off is
 measured, not assumed.
