@@ -4,7 +4,7 @@
 
 On the default preset's sizes, with synthetic embeddings (each scene's attributes through a random linear
 map plus noise, unit rows: learnable, so the captions are not noise) and the real scene captions:
-(1) the decoder's training time for `--epochs` epochs at the default DecoderConfig, and the estimate for
+(1) the decoder's training time for `--epochs` epochs at the default DecoderSettings, and the estimate for
 the default's 8 epochs; (2) greedy decoding of the test images with cached keys/values (what
 `decode_captions` does) against re-running the whole sequence each step (the straightforward loop), the
 ratio, and whether both give identical captions; (3) `explain_run` per run on the test images (300 + 150)
@@ -15,14 +15,17 @@ Thread count is whatever torch gets from the environment (e.g. OMP_NUM_THREADS=2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 import torch
 
-from pipeline.data.scenes import generate_multi, generate_objects
-from pipeline.explain.captions import BOS_ID, EOS_ID, PAD_ID, UNK_ID, CaptionDecoder, DecoderConfig, decode_captions, detokenize, train_decoder
-from pipeline.explanations import Concepts, ExplainSettings, KindData, explain_run
+from pipeline.data.world.captions import attribute_phrases
+from pipeline.data.world.scenes import generate_multi, generate_objects
+from pipeline.explain.decoder import CaptionDecoder, DecoderSettings, decode_captions, train_decoder
+from pipeline.explain.run import Concepts, ExplainSettings, KindData, explain_run
+from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID, detokenize
 from pipeline.models import build
 
 
@@ -35,7 +38,7 @@ def embed(attributes: np.ndarray, d: int, rng: np.random.Generator) -> np.ndarra
 @torch.no_grad()
 def greedy_full(decoder: CaptionDecoder, x: np.ndarray, max_len: int = 24) -> list[str]:
     """Reference greedy decoding: `forward` over the whole sequence at every step (no cache)."""
-    steps = min(max_len, decoder.config.max_tokens - 1) + 1
+    steps = min(max_len, decoder.settings.max_tokens - 1) + 1
     x_std = decoder.standardise(torch.as_tensor(x))
     tokens = torch.full((len(x), 1), BOS_ID, dtype=torch.long)
     done = torch.zeros(len(x), dtype=torch.bool)
@@ -78,13 +81,14 @@ def main() -> None:
     split = np.concatenate([objects.split, multi.split])
     train = np.flatnonzero(split == 0)
 
-    config = DecoderConfig(epochs=args.epochs, device="cpu")
+    settings = DecoderSettings(device="cpu")
+    settings = dataclasses.replace(settings, train=dataclasses.replace(settings.train, epochs=args.epochs))
     start = time.perf_counter()
-    decoder, history = train_decoder(x[train], [captions[i] for i in train], config, seed=args.seed)
+    decoder, history = train_decoder(x[train], [captions[i] for i in train], settings, seed=args.seed)
     seconds = time.perf_counter() - start
     print(f"(1) decoder training: {len(train)} pairs, {args.epochs} epoch(s) in {seconds:.1f} s "
           f"({seconds / args.epochs:.1f} s/epoch; the default's 8 epochs: about {8 * seconds / args.epochs:.0f} s); "
-          f"final loss {history.loss[-1]:.3f}")
+          f"final loss {history[-1]['train_loss']:.3f}")
 
     test_obj = np.flatnonzero(objects.split == 2)[:300]
     test_multi = np.flatnonzero(multi.split == 2)[:150] + args.objects
@@ -106,7 +110,7 @@ def main() -> None:
     for kind, rows, columns, truth in (("objects", test_obj, slice(0, a_obj), objects), ("multi", test_multi, slice(a_obj, None), multi)):
         names = list(truth.attribute_names)
         kinds.append(KindData(kind=kind, rows=rows, x=x[rows], attributes=labels[rows][:, columns], attribute_names=names,
-                              families=dict(truth.families), truth=[captions[i] for i in rows], scored=kind == "objects",
+                              families=dict(truth.families), phrases=attribute_phrases(names), truth=[captions[i] for i in rows], scored=kind == "objects",
                               pair_ids=np.arange(4), pairs_before=x[rows[:4]], pairs_after=x[rows[4:8]], pair_edits=["edit"] * 4))
     settings = ExplainSettings(caption_ks=(2, 4, 8, 16, 32, 64))
     rotation = build("random_rotation", args.d, args.d, 16, seed=args.seed)

@@ -88,7 +88,7 @@ def step_fn(model: nn.Module, x: Tensor) -> Callable[[], None]:
 def map_fn(model: Cedar, x: Tensor) -> Callable[[], None]:
     """Forward + backward of the orthogonal map A -> U alone, with the step's own gradient dL/dU
     as the upstream gradient (expm's backward cost grows with the norm of what it is given)."""
-    parametrization = model.parametrization
+    parametrization = model.options.parametrization
     a = model.A.detach().clone().requires_grad_(True)
     u = ORTHOGONAL_MAPS[parametrization](a).detach().requires_grad_(True)
     model._loss(x, u, model.k)[0].backward()

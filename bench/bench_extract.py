@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pipeline.data.images import SquareUint8, iter_image_batches, open_rgb
 from pipeline.encoders.openclip import OpenClipEncoder
-from pipeline.images import SquareUint8, iter_image_batches, load_rgb
 from pipeline.store import open_store, write_array
 from stages.extract import embed_store
 
@@ -126,9 +126,9 @@ def main() -> None:
         encoder = build_encoder(args.arch, folder)
         paths = write_pngs(folder, args.n, args.size)
 
-        pixels = torch.stack([encoder.preprocess(load_rgb(p)) for p in paths])  # (n, 3, h, w), outside the timing
+        pixels = torch.stack([encoder.preprocess(open_rgb(p)) for p in paths])  # (n, 3, h, w), outside the timing
         square = SquareUint8(args.size)  # the uint8 images.zarr the data stage writes (here at the PNGs' own size)
-        write_array(folder / "images.zarr", np.stack([square(load_rgb(p)).numpy() for p in paths]), fingerprint={"bench": True})
+        write_array(folder / "images.zarr", np.stack([square(open_rgb(p)).numpy() for p in paths]), fingerprint={"bench": True})
         encoder.encode_images(pixels[: args.batch], batch_size=args.batch)  # warm-up
         bare_rates, store_rates, loader = [], [], []
         for _ in range(args.rounds):  # alternate the paths, so a busy neighbour slows all alike

@@ -24,10 +24,12 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.models import build  # noqa: E402
-from pipeline.models.cedar import fit  # noqa: E402
+from pipeline.data.planted import Planted, planted  # noqa: E402
 from pipeline.metrics.reconstruction import fvu  # noqa: E402
-from pipeline.models.planted import Planted, axis_recovery, oracle_fvu, planted  # noqa: E402
+from pipeline.metrics.recovery import axis_recovery  # noqa: E402
+from pipeline.models import build  # noqa: E402
+from pipeline.scoring.planted import oracle_fvu  # noqa: E402
+from pipeline.training.sparse import fit_cedar as fit  # noqa: E402
 
 
 def evaluate(model, data: Planted, k: int) -> tuple[float, float, float]:

@@ -22,7 +22,7 @@ import time
 import torch
 
 from pipeline.models import build
-from pipeline.train import resolve_device
+from pipeline.training.device import resolve_device
 
 METHODS = ["relu", "topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"]
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.data import scenes as world
-from pipeline.data.vocabulary import CATEGORIES, FAMILIES
+from pipeline.data.world import scenes as world
+from pipeline.data.world.vocabulary import CATEGORIES, FAMILIES
 
 
 def _rate(count: int, fn: Callable[[], Any]) -> tuple[float, Any]:

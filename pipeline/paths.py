@@ -1,4 +1,9 @@
-"""Where every stage reads and writes, relative to the project root (mirrors dvc.yaml's deps/outs)."""
+"""Every file and folder name passed between stages, relative to the project root (mirrors dvc.yaml's deps/outs).
+
+A stage takes a `Layout` (tests use a scratch root) and never spells a path itself; a test checks that dvc.yaml
+names the same paths. Inside a folder that one library module owns (the dataset, a checkpoint, the caption
+decoder), that module names its own files.
+"""
 
 from __future__ import annotations
 
@@ -8,46 +13,106 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Layout:
-    """The store layout under a project root. Stages take a Layout so tests can use a scratch root."""
+    """The store layout under a project root."""
 
     root: Path = Path(".")
 
     @property
-    def data(self) -> Path:  # scenes stage: images, labels, captions, pairs
-        return self.root / "store" / "data"
+    def params(self) -> Path:
+        return self.root / "params.yaml"
 
     @property
-    def encoder(self) -> Path:  # encoder stage: the embedded model
-        return self.root / "store" / "encoder"
+    def store(self) -> Path:
+        return self.root / "store"
+
+    # --- data stage: the dataset (`pipeline.data.dataset` names the files inside) -------------------
+    @property
+    def data(self) -> Path:
+        return self.store / "data"
+
+    @property
+    def bad_images(self) -> Path:  # images the data stage skipped, with the reason
+        return self.data / "bad_images.json"
+
+    # --- encoder stage ---------------------------------------------------------------------------
+    @property
+    def encoder(self) -> Path:  # the embedded model, or a pretrained encoder's spec.json
+        return self.store / "encoder"
+
+    @property
+    def metrics(self) -> Path:  # folder of the stage-level metrics files
+        return self.store / "metrics"
 
     @property
     def encoder_metrics(self) -> Path:
-        return self.root / "store" / "metrics" / "encoder.json"
+        return self.metrics / "encoder.json"
+
+    # --- extract stage -----------------------------------------------------------------------------
+    @property
+    def embeddings(self) -> Path:
+        return self.store / "embeddings"
 
     @property
-    def planted_metrics(self) -> Path:  # planted stage: recovery benchmark
-        return self.root / "store" / "metrics" / "planted.json"
+    def image_embeddings(self) -> Path:  # (n, d): one row per dataset image
+        return self.embeddings / "images.zarr"
 
     @property
-    def embeddings(self) -> Path:  # extract stage
-        return self.root / "store" / "embeddings"
+    def caption_embeddings(self) -> Path:  # (n, d): one row per dataset image (encoders with a text tower)
+        return self.embeddings / "captions.zarr"
 
     @property
-    def captions(self) -> Path:  # captions stage: the embedded caption decoder
-        return self.root / "store" / "captions"
+    def concept_embeddings(self) -> Path:  # (V, d): the concept vocabulary (encoders with a text tower)
+        return self.embeddings / "concepts.zarr"
+
+    def pair_embeddings(self, side: str) -> Path:  # (p, d): "before" or "after" images of the intervention pairs
+        if side not in ("before", "after"):
+            raise ValueError(f"side: expected 'before' or 'after', got {side!r}")
+        return self.embeddings / f"pairs_{side}.zarr"
+
+    # --- captions stage ----------------------------------------------------------------------------
+    @property
+    def captions(self) -> Path:  # the caption decoder (`pipeline.explain.decoder` names the files)
+        return self.store / "captions"
 
     @property
-    def models(self) -> Path:  # train stages: one directory per run
-        return self.root / "store" / "models"
+    def captions_history(self) -> Path:
+        return self.captions / "history.json"
+
+    # --- grid-cell stages: one folder per run ------------------------------------------------------
+    @property
+    def models(self) -> Path:
+        return self.store / "models"
+
+    def model(self, run: str) -> Path:  # the checkpoint (`pipeline.models.checkpoint` names the files)
+        return self.models / run
+
+    def model_history(self, run: str) -> Path:  # per-epoch training history
+        return self.model(run) / "history.json"
+
+    def model_work(self, run: str) -> Path:  # epoch checkpoints of an unfinished training (resumed after a kill)
+        return self.models / f"{run}.tmp"
 
     @property
-    def evals(self) -> Path:  # evaluate stages: one directory per run
-        return self.root / "store" / "eval"
+    def evals(self) -> Path:
+        return self.store / "eval"
+
+    def evaluation(self, run: str) -> Path:
+        return self.evals / run
+
+    def run_metrics(self, run: str) -> Path:
+        return self.evaluation(run) / "metrics.json"
+
+    def run_curve(self, run: str) -> Path:  # FVU against K (DVC plots)
+        return self.evaluation(run) / "fvu_curve.json"
+
+    def run_explanations(self, run: str) -> Path:
+        return self.evaluation(run) / "explain.json"
+
+    # --- planted and report stages -----------------------------------------------------------------
+    @property
+    def planted_metrics(self) -> Path:
+        return self.metrics / "planted.json"
 
     @property
     def report(self) -> Path:
         return self.root / "reports" / "index.html"
-
-    @property
-    def params(self) -> Path:
-        return self.root / "params.yaml"

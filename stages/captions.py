@@ -1,50 +1,46 @@
 """Stage `captions`: train the embedded caption decoder on the training split's (image embedding, caption) pairs.
 
-The decoder (pipeline.explain.captions) reads any embedding, so this works for every encoder, with or
-without a captioning model of its own. Rows: the dataset's training split (split 0) of
-store/embeddings/images.zarr, with their captions from store/data/meta.json.
-Output store/captions/ (model.safetensors, config.json, history.json), written to a sibling and renamed
-into place. Reads params: seed, explain.decoder.
+The decoder (`pipeline.explain.decoder`) reads any embedding, so this works for every encoder, with or without a
+captioning model of its own. Rows: the dataset's training split of store/embeddings/images.zarr, with their
+captions. Output store/captions/ (model.safetensors, config.json, history.json), written to a sibling and renamed
+into place. Reads params: seed, captions.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 
 from pipeline.config import Params, load_params
-from pipeline.dataset import open_dataset
-from pipeline.explain.captions import CaptionDecoder, DecoderHistory, save_decoder, train_decoder
+from pipeline.data.dataset import open_dataset
+from pipeline.explain.decoder import CaptionDecoder, save_decoder, train_decoder
 from pipeline.paths import Layout
+from pipeline.records import write_json
 from pipeline.store import open_store, replace_dir
 from stages._cli import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 
 
-def run(params: Params, layout: Layout) -> tuple[CaptionDecoder, DecoderHistory]:
+def run(params: Params, layout: Layout) -> CaptionDecoder:
     data = open_dataset(layout.data)
-    store = open_store(layout.embeddings / "images.zarr")
+    store = open_store(layout.image_embeddings)
     if len(store) != data.meta["n"]:
-        raise ValueError(f"{layout.embeddings / 'images.zarr'}: {len(store)} rows, but the dataset has {data.meta['n']}; rerun extract")
+        raise ValueError(f"{store.path}: {len(store)} rows, but the dataset has {data.meta['n']}; rerun extract")
     rows = data.rows("train")
     if len(rows) == 0:
         raise ValueError(f"{layout.data}: the training split is empty; the caption decoder needs (embedding, caption) pairs")
-    captions = [data.captions[i] for i in rows]
-    decoder, history = train_decoder(store.take(rows), captions, params.explain.decoder.config(), seed=params.seed)
-    out = layout.captions
-    tmp = out.with_name(out.name + ".tmp")
+    decoder, history = train_decoder(store.take(rows), [data.captions[i] for i in rows], params.captions, seed=params.seed)
+    tmp = layout.captions.with_name(layout.captions.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     save_decoder(decoder, tmp)
-    (tmp / "history.json").write_text(json.dumps({"pairs": len(rows), "vocabulary": len(decoder.vocab), "loss": history.loss,
-                                                  "token_accuracy": history.token_accuracy, "seconds": history.seconds,
-                                                  "steps": history.steps}, indent=1))
-    replace_dir(tmp, out)
-    log.info("caption decoder: %d pairs, vocabulary %d, final loss %.3f, token accuracy %.3f, %.1f s",
-             len(rows), len(decoder.vocab), history.loss[-1], history.token_accuracy[-1], history.seconds)
-    return decoder, history
+    write_json(tmp / layout.captions_history.name, {"pairs": len(rows), "vocabulary": len(decoder.vocab), "history": history})
+    replace_dir(tmp, layout.captions)
+    last = history[-1]
+    log.info("caption decoder: %d pairs, vocabulary %d, final loss %.3f, token accuracy %.3f", len(rows), len(decoder.vocab),
+             last["train_loss"], last["train_token_accuracy"])
+    return decoder
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,18 +16,19 @@ stage reruns) and training is skipped when the checkpoint there was trained from
 (`stages.train.training_fingerprint`: method options, loop settings, seed, embeddings, split rows and
 the training code). So a change to `evaluate` or `explain` params reruns every cell's evaluation and
 no training; a change to `train` or `methods.<m>` retrains the affected cells.
-Reads params: seed, data.split, train, methods.<method>, evaluate, explain.
+Reads params: seed, train, methods.<method>, evaluate, explain.
 """
 
 from __future__ import annotations
 
-from pipeline.config import Params, Run
+from pipeline.config import Params
+from pipeline.grid import Cell
 from pipeline.paths import Layout
 from stages import evaluate, train
 from stages._cli import cell_main, exit_with
 
 
-def run(params: Params, layout: Layout, cell: Run) -> dict:
+def run(params: Params, layout: Layout, cell: Cell) -> dict:
     """Train (or reuse) the cell's model, then evaluate it; returns the metrics written to metrics.json."""
     train.run(params, layout, cell)
     return evaluate.run(params, layout, cell)

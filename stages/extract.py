@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pipeline.config import Params, load_params
-from pipeline.dataset import open_dataset
+from pipeline.data.dataset import open_dataset
 from pipeline.encoders.base import Encoder
 from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
@@ -63,17 +62,22 @@ def run(params: Params, layout: Layout) -> None:
     base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"])}
     attrs = {"producer": "stages.extract", "code": code_version(layout.root), "encoder": encoder.id, "dim": encoder.dim}
     bs, chunk = params.extract.batch_size, params.extract.chunk_rows
-    embed_store(encoder, data.images, tmp / "images.zarr", bs, chunk, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
-    pairs = data.pairs
-    embed_store(encoder, pairs.before, tmp / "pairs_before.zarr", bs, chunk, {**base, "what": "pairs_before"}, {**attrs, "rows": "pairs (before)"}, "pairs before")
-    embed_store(encoder, pairs.after, tmp / "pairs_after.zarr", bs, chunk, {**base, "what": "pairs_after"}, {**attrs, "rows": "pairs (after)"}, "pairs after")
+
+    def inside(path: Path) -> Path:
+        """Where an output of store/embeddings/ is built: in the temporary sibling renamed into place at the end."""
+        return tmp / path.name
+
+    embed_store(encoder, data.images, inside(layout.image_embeddings), bs, chunk, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
+    for side in ("before", "after"):
+        embed_store(encoder, getattr(data.pairs, side), inside(layout.pair_embeddings(side)), bs, chunk, {**base, "what": f"pairs_{side}"},
+                    {**attrs, "rows": f"pairs ({side})"}, f"pairs {side}")
     if encoder.has_text:
         vocab = data.vocabulary
-        write_array(tmp / "concepts.zarr", encoder.encode_texts(vocab, batch_size=bs), fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)},
-                    attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
+        write_array(inside(layout.concept_embeddings), encoder.encode_texts(vocab, batch_size=bs),
+                    fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)}, attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
         # captions repeat (procedural templates): embed each distinct caption once, store one row per image
         distinct, inverse = np.unique(np.asarray(data.captions, dtype=object), return_inverse=True)
-        write_array(tmp / "captions.zarr", encoder.encode_texts(distinct.tolist(), batch_size=bs)[inverse],
+        write_array(inside(layout.caption_embeddings), encoder.encode_texts(distinct.tolist(), batch_size=bs)[inverse],
                     fingerprint={**base, "what": "captions", "captions": digest(data.captions)}, attrs={**attrs, "rows": "image captions"})
     else:
         log.warning("encoder %s has no text tower: concept naming will be unavailable", encoder.id)

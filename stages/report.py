@@ -14,12 +14,12 @@ import os
 import numpy as np
 
 from pipeline.config import Params, load_params
-from pipeline.dataset import Dataset, open_dataset
-from pipeline.explanations import best_runs, edit_text, example_table, latent_browser, rates_table, report_images
+from pipeline.data.dataset import Dataset, edit_text, open_dataset
 from pipeline.paths import Layout
 from pipeline.provenance import code_version
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
+from pipeline.report.tables import best_runs, example_table, latent_browser, rates_table, report_images
 from pipeline.report.thumbnails import png_data_uri
 from stages._cli import exit_with, parser, run_main
 
@@ -64,15 +64,14 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
     encoder = json.loads(layout.encoder_metrics.read_text())
     planted = json.loads(layout.planted_metrics.read_text()) if layout.planted_metrics.is_file() else []
     runs, curves, explains = [], [], {}
-    for cell in params.runs():
-        directory = layout.evals / cell.name
-        for name in ("metrics.json", "explain.json"):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory / name}: missing; run `dvc repro` (evaluate@{cell.name})")
-        metrics = json.loads((directory / "metrics.json").read_text())
+    for cell in params.cells():
+        for path in (layout.run_metrics(cell.name), layout.run_explanations(cell.name), layout.run_curve(cell.name)):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: missing; run `dvc repro` ({'rotation' if cell.rotation else 'sae'}@{cell.name})")
+        metrics = json.loads(layout.run_metrics(cell.name).read_text())
         runs.append(metrics)
-        explains[cell.name] = json.loads((directory / "explain.json").read_text())
-        for point in json.loads((directory / "fvu_curve.json").read_text()):
+        explains[cell.name] = json.loads(layout.run_explanations(cell.name).read_text())
+        for point in json.loads(layout.run_curve(cell.name).read_text()):
             curves.append({**point, "size": metrics["size"], "rotation": cell.rotation})
     best = best_runs(runs)
     browser = latent_browser(runs, explains, best)

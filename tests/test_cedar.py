@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from pipeline.data.planted import planted
+from pipeline.metrics.reconstruction import fvu
+from pipeline.metrics.recovery import axis_recovery
 from pipeline.models import build
 from pipeline.models.cedar import (
     Cedar,
     cayley_rotation,
     curriculum_k,
     expm_rotation,
-    fit,
     householder_rotation,
     random_k_bounds,
     sample_k,
 )
 from pipeline.models.checkpoint import load_model, save_model
-from pipeline.metrics.reconstruction import fvu
-from pipeline.models.planted import axis_recovery, planted
+from pipeline.training.sparse import fit_cedar
 
 PARAMETRIZATIONS = ["expm", "cayley", "householder"]
 QUARTER_TURN = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
@@ -215,7 +217,7 @@ def test_save_load_round_trip_identical_outputs(trained: Cedar, tmp_path) -> Non
     model.mean = trained.mean + 1.0
     save_model(model, tmp_path)
     loaded = load_model(tmp_path)
-    assert isinstance(loaded, Cedar) and loaded.options() == model.options()
+    assert isinstance(loaded, Cedar) and loaded.options == model.options
     x = torch.randn(20, 8)
     assert torch.equal(loaded.encode(x), model.eval().encode(x))
     assert torch.equal(loaded(x, k=3), model(x, k=3))
@@ -245,32 +247,30 @@ def test_inference_cache_follows_changes_to_A() -> None:
 
 def test_fit_convenience_recovers_planted_axes() -> None:
     p = planted(3000, 16, 3, noise=0.01, seed=1)
-    model = fit(p.x, 3, seed=0, epochs=6, batch_size=128, parametrization="householder")
-    assert isinstance(model, Cedar) and model.parametrization == "householder" and not model.training
+    model = fit_cedar(p.x, 3, seed=0, epochs=6, batch_size=128, parametrization="householder")
+    assert isinstance(model, Cedar) and model.options.parametrization == "householder" and not model.training
     assert axis_recovery(model.rotation, p.q) > 0.95
-    with pytest.raises(ValueError, match="unknown schedule keys"):
-        fit(p.x, 3, epoch=2)
+    with pytest.raises(ValueError, match="unknown options"):
+        fit_cedar(p.x, 3, epoch=2)
 
 
 # --- options and errors ----------------------------------------------------------------------------
-def test_options_rebuild_and_params_schema() -> None:
-    from pipeline.config import options_model
-
+def test_options_rebuild_and_are_validated_by_the_options_class() -> None:
     model = build("cedar", 6, 6, 2, seed=0, init="random", k_start=4)
-    assert build("cedar", 6, 6, 2, seed=0, **model.options()).options() == model.options()
+    options = dataclasses.asdict(model.options)
+    assert build("cedar", 6, 6, 2, seed=0, **options).options == model.options
     assert torch.equal(build("cedar", 6, 6, 2, seed=0, init="random").A, build("cedar", 6, 6, 2, seed=0, init="random").A)
-    schema = options_model("cedar")
-    assert schema.model_validate({"parametrization": "cayley", "random_k_min": 4}).model_dump()["random_k_min"] == 4.0
-    with pytest.raises(Exception, match="parametrization"):
-        schema.model_validate({"parametrization": "qr"})
-    with pytest.raises(Exception, match="unknown"):
-        schema.model_validate({"unknown": 1})
+    assert Cedar.Options(parametrization="cayley", random_k_min=4).random_k_min == 4.0
+    with pytest.raises(ValueError, match="parametrization"):
+        Cedar.Options(parametrization="qr")
+    with pytest.raises(ValueError, match="unknown"):
+        Cedar.Options(unknown=1)
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"parametrization": "qr"}, "parametrization must be"),
+        ({"parametrization": "qr"}, "parametrization"),
         ({"k_start": 2}, r"k_start must be 0 \(= d\) or in k..d"),
         ({"k_start": 9}, r"k_start must be 0 \(= d\) or in k..d"),
         ({"curriculum_frac": 1.5}, "curriculum_frac"),

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.cli import preset_text
 from pipeline.config import validate_params
 from pipeline.provenance import source_digest
+from stages.cli import preset_text
 from stages.train import TRAINING_CODE, recorded_fingerprint, training_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_source_digest_changes_with_any_training_source_and_only_with_it(tmp_pat
 def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
     raw = yaml.safe_load(preset_text("tiny"))
     params = validate_params(raw)
-    cell = params.runs()[-1]
+    cell = params.cells()[-1]
     rows = np.arange(10), np.arange(10, 12)
     base = training_fingerprint(params, cell, {"dataset": "d"}, *rows)
     assert base == training_fingerprint(validate_params(raw), cell, {"dataset": "d"}, *rows)
@@ -67,7 +67,7 @@ def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
     assert training_fingerprint(validate_params(train_changed), cell, {"dataset": "d"}, *rows) != base
     assert training_fingerprint(params, cell, {"dataset": "other"}, *rows) != base
     assert training_fingerprint(params, cell, {"dataset": "d"}, np.arange(1, 11), rows[1]) != base
-    assert training_fingerprint(params, params.runs()[0], {"dataset": "d"}, *rows) != base
+    assert training_fingerprint(params, params.cells()[0], {"dataset": "d"}, *rows) != base
 
 
 @pytest.mark.parametrize("damage", ["none", "no_weights", "no_history", "bad_json", "old_schema", "no_fingerprint"])

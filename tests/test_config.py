@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main as cli
-from pipeline.cli import preset_text
 from pipeline.config import ParamsError, load_params, validate_params
+from stages.cli import main as cli
+from stages.cli import preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,17 +28,17 @@ def error_of(raw: dict) -> str:
 @pytest.mark.parametrize("name", ["default", "tiny"])
 def test_shipped_presets_validate(name):
     params = validate_params(yaml.safe_load(preset_text(name)))
-    assert params.runs()
+    assert params.cells()
 
 
 def test_repository_params_yaml_is_valid():
-    assert load_params(ROOT / "params.yaml").runs()
+    assert load_params(ROOT / "params.yaml").cells()
 
 
 def test_grid_cells_are_named_like_the_dvc_matrix_stages():
     params = validate_params(tiny())
-    assert [r.name for r in params.runs()] == ["cedar-4", "topk-32-4"]
-    assert params.runs()[0].size == params.d == 16
+    assert [r.name for r in params.cells()] == ["cedar-4", "topk-32-4"]
+    assert params.cells()[0].size == params.d == 16
     assert params.cell("topk", 32, 4).name == "topk-32-4"
     with pytest.raises(ValueError, match="no grid cell method=topk size=64 k=4"):
         params.cell("topk", 64, 4)
@@ -74,7 +74,7 @@ def test_k_below_one_and_rotation_k_above_d_are_rejected():
 def test_empty_grid_is_rejected():
     raw = tiny()
     raw["sweep"]["sae"]["dict_sizes"] = []
-    assert "sweep.sae.dict_sizes: List should have at least 1 item" in error_of(raw)
+    assert "sweep.sae.dict_sizes: Tuple should have at least 1 item" in error_of(raw)
 
 
 def test_unknown_method_and_missing_method_entry():
@@ -136,7 +136,7 @@ def test_real_data_source_and_pretrained_encoder(tmp_path):
     raw["data"] = {"source": "folders", "root": str(tmp_path)}
     raw["encoder"] = {"kind": "open_clip", "arch": "ViT-B-32", "weights": "laion2b_s34b_b79k"}
     params = validate_params(raw)
-    assert params.d is None and params.encoder.spec()["arch"] == "ViT-B-32"
+    assert params.d is None and params.encoder.arch == "ViT-B-32"
     raw["encoder"] = {"kind": "dinov2"}
     assert "encoder: dinov2 needs `model`" in error_of(raw)
 
@@ -154,6 +154,6 @@ def test_cli_validate_and_preset(tmp_path, capsys):
     assert "local edits" in capsys.readouterr().err
     assert cli(["preset", "tiny", "--params", str(target), "--force"]) == 0
     assert target.read_text() == preset_text("tiny")
-    target.write_text("seed: 1\ndata: {kinds: {objects: {n_images: 100}}}\nsweep: {rotation: {methods: [cedar], ks: [99]}, sae: {methods: [topk], dict_sizes: [8], ks: [4]}}\nmethods: {cedar: {}, topk: {}}\n")
+    target.write_text("seed: 1\ndata: {kinds: {objects: {n_images: 100}}}\nsweep: {rotation: {methods: [cedar], ks: [999]}, sae: {methods: [topk], dict_sizes: [8], ks: [4]}}\nmethods: {cedar: {}, topk: {}}\n")
     assert cli(["validate", str(target)]) == 2
-    assert "sweep.rotation.ks[0]: k=99" in capsys.readouterr().err
+    assert "sweep.rotation.ks[0]: k=999" in capsys.readouterr().err

@@ -1,12 +1,14 @@
-"""pipeline.dataset: two kinds of scene stacked into one dataset, read back per kind."""
+"""pipeline.data.dataset: two kinds of scene stacked into one dataset, read back per kind."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.data import scenes as world
-from pipeline.dataset import open_dataset, write_dataset
+from pipeline.data.dataset import edit_text, open_dataset, write_dataset
+from pipeline.data.world import scenes as world
+from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
+from pipeline.data.world.vocabulary import vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +17,7 @@ def dataset(tmp_path_factory):
     multi = world.generate_multi(20, image_size=32, seed=1, split=(0.5, 0.25, 0.25), max_objects=3)
     parts = [(objects, world.object_pairs(objects, 4, seed=2)), (multi, world.multi_pairs(multi, 3, seed=2))]
     root = tmp_path_factory.mktemp("ds") / "data"
-    write_dataset(root, parts, world.vocabulary(), world.zero_shot_prompts(objects), {"test": True})
+    write_dataset(root, parts, vocabulary(), zero_shot_prompts("objects"), attribute_phrases, {"test": True})
     return open_dataset(root), parts
 
 
@@ -61,3 +63,18 @@ def test_pairs_point_at_dataset_rows_and_columns(dataset):
 def test_missing_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the scenes stage first"):
         open_dataset(tmp_path / "nothing")
+
+
+def test_phrases_are_recorded_per_column(dataset):
+    data, _ = dataset
+    assert len(data.phrases) == len(data.attribute_names)
+    assert data.phrases[data.attribute_names.index("striped pattern")] == ["striped", "stripy"]
+    assert data.phrases[data.attribute_names.index("tree")] == ["tree"]
+
+
+def test_edit_text_names_the_edit():
+    names = ["red body", "blue body", "tree"]
+    assert edit_text(names, 0, 1) == "red body → blue body"
+    assert edit_text(names, 2, -1) == "tree removed"
+    with pytest.raises(ValueError, match="removed/added"):
+        edit_text(names, 3, -1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import preset_text
+from stages.cli import preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tests for the real-model adapters (open_clip, transformers CLIP / DINOv2 / BLIP) and `load_encoder`.
+"""Tests for the real-model adapters (open_clip, transformers CLIP / DINOv2 / BLIP) and the registry.
 
 No weights exist offline, so each adapter is tested with a tiny randomly initialised model (hidden 32,
 2 layers, 32 px images) saved to a local file or folder and loaded back through the public path; the
@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import save_file
 
-from pipeline.encoders import Encoder
 from pipeline.encoders import hf as hf_module
-from pipeline.encoders.embedded import EmbeddedCLIP, EmbeddedConfig, save_embedded
+from pipeline.encoders.base import Encoder
+from pipeline.encoders.embedded import EmbeddedCLIP, EmbeddedSettings, save_embedded
 from pipeline.encoders.hf import BlipEncoder, Dinov2Encoder, HFClipEncoder, hub_offline
 from pipeline.encoders.openclip import OpenClipEncoder, cached_tag_file
-from pipeline.encoders.registry import load_encoder
+from pipeline.encoders.registry import PretrainedSettings, load_encoder, open_encoder, save_spec
 
 ARCH = "tiny-vit-test"
 OPEN_CLIP_CONFIG = {
@@ -329,32 +329,40 @@ def test_missing_local_folder_is_named(tmp_path):
 # --- the registry ----------------------------------------------------------------------------------
 
 
-def test_load_encoder_builds_every_kind(open_clip_files, hf_folders, tmp_path):
-    save_embedded(EmbeddedCLIP(16, 8, 32), EmbeddedConfig(embed_dim=16, width=8, image_size=32), tmp_path / "embedded")
+def test_load_encoder_builds_every_kind_and_open_encoder_reopens_it(open_clip_files, hf_folders, tmp_path):
     specs = {
-        "open_clip": {"kind": "open_clip", "arch": ARCH, "weights": str(open_clip_files["safetensors"]), "device": "cpu"},
-        "hf_clip": {"kind": "hf_clip", "model": str(hf_folders["clip"]), "device": "cpu"},
-        "dinov2": {"kind": "dinov2", "model": str(hf_folders["dinov2"]), "device": "cpu"},
-        "blip": {"kind": "blip", "model": str(hf_folders["blip"]), "device": "cpu"},
-        "embedded": {"kind": "embedded", "path": str(tmp_path / "embedded"), "device": "cpu"},
+        "open_clip": PretrainedSettings(kind="open_clip", arch=ARCH, weights=str(open_clip_files["safetensors"]), device="cpu"),
+        "hf_clip": PretrainedSettings(kind="hf_clip", model=str(hf_folders["clip"]), device="cpu"),
+        "dinov2": PretrainedSettings(kind="dinov2", model=str(hf_folders["dinov2"]), device="cpu"),
+        "blip": PretrainedSettings(kind="blip", model=str(hf_folders["blip"]), device="cpu"),
     }
-    dims = {"open_clip": 16, "hf_clip": 16, "dinov2": 32, "blip": 32, "embedded": 16}
+    dims = {"open_clip": 16, "hf_clip": 16, "dinov2": 32, "blip": 32}
     for kind, spec in specs.items():
         encoder = load_encoder(spec)
         assert isinstance(encoder, Encoder) and encoder.dim == dims[kind]
         assert encoder.id.startswith(f"{kind}:"), encoder.id
-        assert_unit_rows(encoder.encode_images(images(2, size=32)), 2, dims[kind])
+        x = images(2, size=32)
+        assert_unit_rows(encoder.encode_images(x), 2, dims[kind])
+        save_spec(spec, tmp_path / kind, encoder)
+        again = open_encoder(tmp_path / kind)
+        assert again.id == encoder.id and np.array_equal(again.encode_images(x), encoder.encode_images(x))
+    save_embedded(EmbeddedCLIP(16, 8, 32), EmbeddedSettings(embed_dim=16, width=8), tmp_path / "embedded")
+    embedded = open_encoder(tmp_path / "embedded", device="cpu")
+    assert embedded.id.startswith("embedded:") and embedded.dim == 16
+    assert_unit_rows(embedded.encode_images(images(2, size=32)), 2, 16)
 
 
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"kind": "clip"}, "unknown kind 'clip'; expected one of open_clip, hf_clip, dinov2, blip, embedded"),
-        ({"arch": "ViT-B-32"}, "unknown kind None"),
-        ({"kind": "hf_clip"}, "missing model"),
-        ({"kind": "open_clip", "arch": "ViT-B-32", "pretrained": "openai"}, "unknown keys pretrained"),
+        ({"kind": "clip"}, "kind"),
+        ({"arch": "ViT-B-32"}, "kind"),
+        ({"kind": "hf_clip"}, "hf_clip needs `model`"),
+        ({"kind": "open_clip", "arch": "ViT-B-32", "pretrained": "openai"}, "pretrained"),
+        ({"kind": "dinov2", "model": "facebook/dinov2-small", "weights": "x"}, "dinov2 does not take weights"),
+        ({"kind": "open_clip", "arch": "ViT-B-32", "device": "tpu9"}, "unknown device 'tpu9'"),
     ],
 )
-def test_load_encoder_rejects_bad_specs(spec, message):
+def test_pretrained_settings_reject_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message):
-        load_encoder(spec)
+        PretrainedSettings(**spec)

@@ -15,13 +15,13 @@ import pytest
 import yaml
 import zarr
 
-from pipeline.cli import preset_text
 from pipeline.config import validate_params
 from pipeline.paths import Layout
 from pipeline.store import open_store
+from stages import data as data_stage
 from stages import encoder as encoder_stage
 from stages import extract as extract_stage
-from stages import scenes as scenes_stage
+from stages.cli import preset_text
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def prepared(tmp_path_factory) -> tuple[Path, Path]:
     params_path = root / "params.yaml"
     params_path.write_text(yaml.safe_dump(raw))
     params = validate_params(raw)
-    scenes_stage.run(params, Layout(root))
+    data_stage.run(params, Layout(root))
     encoder_stage.run(params, Layout(root))
     return root, params_path
 

@@ -19,7 +19,7 @@ def test_prefect_flow_runs_every_stage_and_writes_the_report(tmp_path):
     e.update(PREFECT_HOME=str(repo / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     e.pop("PREFECT_API_URL", None)
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "flow", "--workers", "2"], cwd=repo, env=e,
+    result = subprocess.run([sys.executable, "-m", "stages.cli", "flow", "--workers", "2"], cwd=repo, env=e,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert (repo / "reports" / "index.html").is_file()

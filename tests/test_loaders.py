@@ -19,11 +19,9 @@ from pipeline.data import syn as syn_module
 from pipeline.data.coco import COCO_CATEGORY_NAMES, load_coco
 from pipeline.data.cub import attribute_phrase, class_phrase, load_cub
 from pipeline.data.folders import load_folders
+from pipeline.data.images import BadImage, load_image, load_images
 from pipeline.data.syn import HubUnavailable, fetch_syn, load_syn
-from pipeline.data.table import (
-    BadImage, ImageTable, LayoutError, PairTable, assign_split, check_fractions, join_words, load_image, load_images,
-    with_article,
-)
+from pipeline.data.table import ImageTable, LayoutError, PairTable, assign_split, check_fractions, join_words, with_article
 
 
 def write_image(path: Path, colour: tuple[int, int, int] = (200, 30, 40), size: tuple[int, int] = (8, 8)) -> Path:

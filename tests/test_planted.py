@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models import build
-from pipeline.models.cedar import fit
+from pipeline.data.planted import planted
 from pipeline.metrics.reconstruction import fvu
-from pipeline.models.planted import axis_recovery, oracle_fvu, planted
+from pipeline.metrics.recovery import axis_recovery
+from pipeline.models import build
+from pipeline.scoring.planted import oracle_fvu
+from pipeline.training.sparse import fit_cedar as fit
 
 
 # --- the generator ----------------------------------------------------------------------------

@@ -13,15 +13,15 @@ import yaml
 from PIL import Image
 from safetensors.torch import save_file
 
-from pipeline.cli import preset_text
 from pipeline.config import validate_params
-from pipeline.dataset import open_dataset
+from pipeline.data.dataset import open_dataset
 from pipeline.paths import Layout
 from pipeline.store import open_store
+from stages import data as data_stage
 from stages import encoder as encoder_stage
 from stages import extract as extract_stage
-from stages import scenes as scenes_stage
-from stages.scenes import main as scenes_main
+from stages.cli import preset_text
+from stages.data import main as data_main
 
 ARCH = "tiny-vit-stage-test"
 CONFIG = {
@@ -54,7 +54,7 @@ def params_for(folders: Path, tmp_path: Path, **data) -> tuple:
 def test_folder_source_skips_and_lists_a_corrupt_image(folders, tmp_path):
     params, _ = params_for(folders, tmp_path)
     layout = Layout(tmp_path)
-    scenes_stage.run(params, layout)
+    data_stage.run(params, layout)
     data = open_dataset(layout.data)
     assert data.kinds == ["folders"] and data.images.shape == (24, 32, 32, 3)
     assert data.attribute_names == ["blue box", "red ball"] and data.one_hot("folders")
@@ -67,7 +67,7 @@ def test_folder_source_skips_and_lists_a_corrupt_image(folders, tmp_path):
 
 def test_folder_source_fails_before_any_work_when_asked(folders, tmp_path, capsys):
     _, path = params_for(folders, tmp_path, on_bad_image="fail")
-    assert scenes_main(["--params", str(path), "--root", str(tmp_path)]) == 2
+    assert data_main(["--params", str(path), "--root", str(tmp_path)]) == 2
     assert "corrupt.png" in capsys.readouterr().err
     assert not (tmp_path / "store" / "data").exists()
 
@@ -92,7 +92,7 @@ def test_pretrained_open_clip_encoder_through_encoder_and_extract_stages(folders
     raw["sweep"]["rotation"]["ks"] = [4]
     params = validate_params(raw)
     layout = Layout(tmp_path)
-    scenes_stage.run(params, layout)
+    data_stage.run(params, layout)
     metrics = encoder_stage.run(params, layout)
     assert metrics["encoder_id"].startswith(f"open_clip:{ARCH}:file-") and metrics["dim"] == 16
     assert set(metrics["zero_shot"]) == {"class"}

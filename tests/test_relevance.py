@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.data.scenes import generate_multi, generate_objects
-from pipeline.data.vocabulary import object_attribute_names, object_family_columns
-from pipeline.explain.relevance import attribute_phrases, describes_image_rate, relevance, stated_attributes, tokenize_words
+from pipeline.data.phrases import name_phrases, words
+from pipeline.data.world.captions import attribute_phrases
+from pipeline.data.world.scenes import generate_multi, generate_objects
+from pipeline.data.world.vocabulary import object_attribute_names
+from pipeline.explain.relevance import describes_image_rate, normalise_phrases, relevance, stated_attributes
 
 NAMES = ["red body", "circle shape", "grass background", "blue body"]
 ATTRIBUTES = np.array([
@@ -67,13 +69,15 @@ def test_relevance_errors_are_clear() -> None:
 
 
 # --- parsing captions -------------------------------------------------------------------------------
-def test_tokenize_words_keeps_hyphenated_words() -> None:
-    assert tokenize_words("A medium-sized Star, on a lawn; it's big.") == ["a", "medium-sized", "star", "on", "a", "lawn", "it's", "big"]
+def test_words_keep_hyphenated_words() -> None:
+    assert words("A medium-sized Star, on a lawn; it's big.") == ["a", "medium-sized", "star", "on", "a", "lawn", "it's", "big"]
 
 
-def test_attribute_phrases_fall_back_to_distinctive_words() -> None:
-    phrases = attribute_phrases(["red car", "blue car", "tree"], {"object": [0, 1, 2]})
-    assert phrases == [["red car", "red"], ["blue car", "blue"], ["tree"]]
+def test_name_phrases_are_the_name_and_its_distinctive_words() -> None:
+    assert name_phrases(["red car", "blue car", "tree"]) == [["red car", "red"], ["blue car", "blue"], ["tree"]]
+    # the world's phrases: value words and caption synonyms for object attributes, the generic rule for categories
+    world = attribute_phrases(["striped pattern", "grass background", "tree"])
+    assert world[0] == ["striped", "stripy"] and "lawn" in world[1] and "on a lawn" in world[1] and world[2] == ["tree"]
 
 
 def _object_image(*names: str) -> np.ndarray:
@@ -98,7 +102,7 @@ def test_describes_image_hand_cases() -> None:
         _object_image("red body", "circle shape", "sky background"),
         _object_image("large object", "striped pattern", "square shape", "pointed top", "white top"),
     ])
-    result = describes_image_rate(captions, attributes, object_attribute_names(), object_family_columns())
+    result = describes_image_rate(captions, attributes, object_attribute_names(), attribute_phrases(object_attribute_names()))
     assert result.stated.tolist() == [3, 3, 3, 0, 5]
     assert result.correct.tolist() == [3, 3, 2, 0, 5]
     assert result.describes.tolist() == [True, True, False, False, True]
@@ -109,30 +113,32 @@ def test_describes_image_hand_cases() -> None:
 
 def test_scene_captions_state_exactly_their_attributes() -> None:
     scenes = generate_objects(120, image_size=32, seed=3)
-    result = describes_image_rate(scenes.captions, scenes.attributes, scenes.attribute_names, scenes.families)
+    result = describes_image_rate(scenes.captions, scenes.attributes, scenes.attribute_names, attribute_phrases(scenes.attribute_names))
     np.testing.assert_array_equal(result.stated_matrix, scenes.attributes)
     assert result.rate == 1.0 and (result.stated == 7).all()
-    shifted = describes_image_rate(scenes.captions[1:] + scenes.captions[:1], scenes.attributes, scenes.attribute_names, scenes.families)
+    shifted = describes_image_rate(scenes.captions[1:] + scenes.captions[:1], scenes.attributes, scenes.attribute_names,
+                                   attribute_phrases(scenes.attribute_names))
     assert shifted.rate <= 0.05 and (shifted.stated == 7).all()
 
 
 def test_multi_scene_captions_state_exactly_their_categories() -> None:
     scenes = generate_multi(60, image_size=32, seed=2, max_objects=4)
-    stated = stated_attributes(scenes.captions, attribute_phrases(scenes.attribute_names, scenes.families))
+    stated = stated_attributes(scenes.captions, normalise_phrases(attribute_phrases(scenes.attribute_names), 12))
     np.testing.assert_array_equal(stated, scenes.attributes)
-    result = describes_image_rate(["a ball and a car"], np.eye(12, dtype=bool)[:1], scenes.attribute_names, scenes.families)
+    result = describes_image_rate(["a ball and a car"], np.eye(12, dtype=bool)[:1], scenes.attribute_names, attribute_phrases(scenes.attribute_names))
     assert (result.stated[0], result.correct[0], result.rate) == (2, 1, 0.0)
 
 
 def test_describes_errors_are_clear() -> None:
-    names, families = object_attribute_names(), object_family_columns()
+    names = object_attribute_names()
+    phrases = attribute_phrases(names)
     with pytest.raises(ValueError, match="captions: expected at least one"):
-        describes_image_rate([], np.zeros((0, 34), bool), names, families)
+        describes_image_rate([], np.zeros((0, 34), bool), names, phrases)
     with pytest.raises(ValueError, match="attributes: expected 2 rows"):
-        describes_image_rate(["a", "b"], np.zeros((1, 34), bool), names, families)
+        describes_image_rate(["a", "b"], np.zeros((1, 34), bool), names, phrases)
     with pytest.raises(TypeError, match=r"captions\[1\]"):
-        describes_image_rate(["a", 3], np.zeros((2, 34), bool), names, families)  # type: ignore[list-item]
+        describes_image_rate(["a", 3], np.zeros((2, 34), bool), names, phrases)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="attribute_names: expected at least one"):
-        describes_image_rate(["a"], np.zeros((1, 0), bool), [], {})
-    with pytest.raises(ValueError, match="families"):
-        describes_image_rate(["a"], np.zeros((1, 34), bool), names, {"shape": [40]})
+        describes_image_rate(["a"], np.zeros((1, 0), bool), [], [])
+    with pytest.raises(ValueError, match="phrases: expected one list of phrases per attribute"):
+        describes_image_rate(["a"], np.zeros((1, 34), bool), names, phrases[:3])

@@ -1,9 +1,10 @@
-"""SAE zoo (pipeline.models.sae): hand-computed sparsifiers, straight-through gradients, AuxK,
+"""SAE zoo (pipeline.models.sae, .topk, .penalty): hand-computed sparsifiers, straight-through gradients, AuxK,
 BatchTopK's threshold buffer, the L0 controller of ReLU / JumpReLU, decoder geometry, errors,
 checkpoints, and training on planted data."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,26 +12,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.config import options_model
-from pipeline.models import build
+from pipeline.models import build, model_class
 from pipeline.models.checkpoint import load_model, save_model
-from pipeline.models.sae import (
-    SAE,
-    BatchTopKSAE,
-    JumpReLUFunction,
-    JumpReLUSAE,
-    MatryoshkaSAE,
-    PrefixMatryoshkaSAE,
-    ReLUSAE,
-    StepFunction,
-    TopKSAE,
-    batch_topk_codes,
-    fit,
-    geometric_median,
-    l0_control_step,
-    rectangle,
-    topk_codes,
-)
+from pipeline.models.penalty import JumpReLUFunction, JumpReLUSAE, ReLUSAE, StepFunction, l0_control_step, rectangle
+from pipeline.models.sae import SAE, batch_topk_codes, geometric_median, topk_codes
+from pipeline.models.topk import BatchTopKSAE, MatryoshkaSAE, PrefixMatryoshkaSAE, TopKSAE
+from pipeline.training.sparse import fit_sae as fit
 
 SAE_METHODS = ["relu", "topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"]
 GEN = torch.Generator().manual_seed(0)
@@ -207,7 +194,7 @@ def test_every_method_round_trips_through_a_checkpoint(method: str, tmp_path) ->
     model.steps_since_active[:3] = 7
     save_model(model, tmp_path)
     loaded = load_model(tmp_path)
-    assert type(loaded) is type(model) and loaded.options() == model.options()
+    assert type(loaded) is type(model) and loaded.options == model.options
     assert torch.equal(loaded.steps_since_active, model.steps_since_active)
     x = torch.randn(20, 8) * 3 + 1
     assert torch.equal(loaded.decode(loaded.encode(x)), model.eval().decode(model.encode(x)))
@@ -325,7 +312,7 @@ def test_fit_init_sets_scale_bias_and_reconstructs_in_the_original_space() -> No
     assert torch.allclose(model.b_dec, x.mean(0) * model.input_scale, atol=1e-4)
     # codes of zero decode to the data mean in the original space
     assert torch.allclose(model.decode(torch.zeros(1, 8)), x.mean(0, keepdim=True), atol=1e-4)
-    assert BatchTopKSAE(8, 8, 2, bias_init="geometric_median").bias_init == "geometric_median"
+    assert BatchTopKSAE(8, 8, 2, bias_init="geometric_median").options.bias_init == "geometric_median"
 
 
 def test_untrained_twins_are_sane_sparsifiers() -> None:
@@ -378,19 +365,22 @@ def test_bad_inputs_raise_clear_errors() -> None:
 @pytest.mark.parametrize(
     "cls, options, message",
     [
-        (ReLUSAE, {"l1_coef": -1.0}, "l1_coef must be finite and >= 0"),
+        (ReLUSAE, {"l1_coef": -1.0}, r"l1_coef\n.*greater than or equal to 0"),
+        (ReLUSAE, {"l1_coef": float("inf")}, r"l1_coef\n.*finite number"),
         (ReLUSAE, {"l1_coef": 0.0}, "l1_coef must be > 0 with target_l0"),
-        (ReLUSAE, {"l0_control_rate": 0.0}, "l0_control_rate must be finite and > 0"),
+        (ReLUSAE, {"l0_control_rate": 0.0}, r"l0_control_rate\n.*greater than 0"),
         (JumpReLUSAE, {"l0_coef": 0.0}, "l0_coef must be > 0 with target_l0"),
-        (JumpReLUSAE, {"target_l0": "yes"}, "target_l0 must be true or false"),
-        (TopKSAE, {"k_aux": 0}, "k_aux must be an integer >= 1"),
-        (TopKSAE, {"bias_init": "median"}, "bias_init must be 'mean' or 'geometric_median'"),
-        (TopKSAE, {"dead_steps": 0}, "dead_steps must be an integer >= 1"),
-        (BatchTopKSAE, {"threshold_decay": 1.0}, r"threshold_decay must be in \[0, 1\)"),
-        (JumpReLUSAE, {"bandwidth": 0.0}, "bandwidth must be finite and > 0"),
+        (JumpReLUSAE, {"target_l0": "yes"}, r"target_l0\n.*valid boolean"),
+        (TopKSAE, {"k_aux": 0}, r"k_aux\n.*greater than or equal to 1"),
+        (TopKSAE, {"k_aux": True}, r"k_aux\n.*valid integer"),
+        (TopKSAE, {"bias_init": "median"}, r"bias_init\n.*'mean' or 'geometric_median'"),
+        (TopKSAE, {"dead_steps": 0}, r"dead_steps\n.*greater than or equal to 1"),
+        (BatchTopKSAE, {"threshold_decay": 1.0}, r"threshold_decay\n.*less than 1"),
+        (JumpReLUSAE, {"bandwidth": 0.0}, r"bandwidth\n.*greater than 0"),
         (MatryoshkaSAE, {"k_levels": (2, 9)}, "every k_levels value must be in 1..k=4"),
         (MatryoshkaSAE, {"level_weights": (1.0, 2.0)}, "level_weights must be 3 finite non-negative numbers"),
-        (PrefixMatryoshkaSAE, {"prefix_fractions": (0.0, 0.5)}, r"prefix_fractions must be non-empty, each in \(0, 1\]"),
+        (PrefixMatryoshkaSAE, {"prefix_fractions": (0.0, 0.5)}, r"prefix_fractions.0\n.*greater than 0"),
+        (PrefixMatryoshkaSAE, {"prefix_fractions": ()}, "prefix_fractions must be non-empty"),
     ],
 )
 def test_bad_options_raise(cls: type[SAE], options: dict, message: str) -> None:
@@ -399,19 +389,20 @@ def test_bad_options_raise(cls: type[SAE], options: dict, message: str) -> None:
 
 
 @pytest.mark.parametrize("method", SAE_METHODS)
-def test_options_schema_validates_from_the_signature(method: str) -> None:
-    schema = options_model(method)
-    defaults = schema.model_validate({}).model_dump()
+def test_options_class_lists_every_option_and_inherits_the_shared_ones(method: str) -> None:
+    options = model_class(method).Options
+    defaults = dataclasses.asdict(options())
+    assert {"bias_init", "dead_steps"} <= set(defaults)  # SAE.Options, inherited
     model = build(method, 4, 16, 4, seed=0, **defaults)
-    assert set(model.options()) == set(defaults)
+    assert dataclasses.asdict(model.options) == defaults
     with pytest.raises(ValidationError):
-        schema.model_validate({"no_such_option": 1})
+        options(no_such_option=1)
 
 
 def test_tuple_options_accept_lists_as_from_yaml() -> None:
-    options = options_model("matryoshka").model_validate({"k_levels": [2, 4], "level_weights": [1, 1, 2]}).model_dump()
-    model = build("matryoshka", 4, 16, 8, seed=0, **options)
-    assert model.k_levels == (2, 4, 8) and model.options()["level_weights"] == [0.25, 0.25, 0.5]
+    model = build("matryoshka", 4, 16, 8, seed=0, k_levels=[2, 4], level_weights=[1, 1, 2])
+    assert model.k_levels == (2, 4, 8) and model.level_weights == (0.25, 0.25, 0.5)
+    assert model.options.level_weights == (1.0, 1.0, 2.0)
 
 
 # --- the L0 controller of ReLU and JumpReLU (k = target mean L0) -------------------------------------------
@@ -458,8 +449,8 @@ def test_penalty_coef_survives_save_and_load(method: str, tmp_path) -> None:
     save_model(model, tmp_path)
     loaded = load_model(tmp_path)
     assert float(loaded.penalty_coef) == pytest.approx(0.0123)
-    assert loaded.options() == model.options() and loaded.options()["target_l0"] is True
-    assert loaded.options()["l0_control_rate"] == 0.03
+    assert loaded.options == model.options and loaded.options.target_l0 is True
+    assert loaded.options.l0_control_rate == 0.03
     # A checkpoint from before the controller (no penalty_coef) loads with the initial coefficient.
     from safetensors.torch import load_file, save_file
 
@@ -467,7 +458,7 @@ def test_penalty_coef_survives_save_and_load(method: str, tmp_path) -> None:
     del state["penalty_coef"]
     save_file(state, str(tmp_path / "model.safetensors"))
     old = load_model(tmp_path)
-    assert float(old.penalty_coef) == pytest.approx(model.options()["l1_coef" if method == "relu" else "l0_coef"])
+    assert float(old.penalty_coef) == pytest.approx(getattr(model.options, "l1_coef" if method == "relu" else "l0_coef"))
 
 
 def train_steps(model: SAE, x: torch.Tensor, steps: int, lr: float, seed: int = 0) -> SAE:

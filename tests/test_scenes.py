@@ -7,10 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from pipeline.data import render
-from pipeline.data import scenes as world
-from pipeline.data.captions import with_articles
-from pipeline.data.vocabulary import CATEGORIES, DISTRACTORS, FAMILIES, object_attribute_names
+from pipeline.data.table import assign_split
+from pipeline.data.world import render
+from pipeline.data.world import scenes as world
+from pipeline.data.world.captions import with_articles, zero_shot_prompts
+from pipeline.data.world.vocabulary import CATEGORIES, DISTRACTORS, FAMILIES, object_attribute_names, vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -209,12 +210,12 @@ def test_multi_captions_name_exactly_the_present_categories(multi: world.SceneSe
 
 
 def test_split_fractions_and_determinism() -> None:
-    codes = world.assign_split(200, (0.6, 0.2, 0.2), seed=0)
+    codes = assign_split(np.zeros(200), (0.6, 0.2, 0.2), seed=0)
     assert np.bincount(codes, minlength=3).tolist() == [120, 40, 40]
     # cumulative cuts: round(7 * 0.5) = 4 (banker's rounding of 3.5), round(7 * 0.75) = 5
-    assert np.bincount(world.assign_split(7, (0.5, 0.25, 0.25), seed=0), minlength=3).tolist() == [4, 1, 2]
-    np.testing.assert_array_equal(codes, world.assign_split(200, (0.6, 0.2, 0.2), seed=0))
-    assert not np.array_equal(codes, world.assign_split(200, (0.6, 0.2, 0.2), seed=1))
+    assert np.bincount(assign_split(np.zeros(7), (0.5, 0.25, 0.25), seed=0), minlength=3).tolist() == [4, 1, 2]
+    np.testing.assert_array_equal(codes, assign_split(np.zeros(200), (0.6, 0.2, 0.2), seed=0))
+    assert not np.array_equal(codes, assign_split(np.zeros(200), (0.6, 0.2, 0.2), seed=1))
     scenes = world.generate_objects(50, seed=2, split=(0.5, 0.3, 0.2))
     assert np.bincount(scenes.split, minlength=3).tolist() == [25, 15, 10]
     assert set(np.unique(scenes.split).tolist()) <= {0, 1, 2}  # one code per image: the splits are disjoint
@@ -309,11 +310,11 @@ def test_pairs_refuse_a_modified_scene_set(objects: world.SceneSet) -> None:
 
 def test_vocabulary_has_all_phrases_and_distractors(objects: world.SceneSet, multi: world.SceneSet) -> None:
     for scenes in (objects, multi):
-        words = world.vocabulary(scenes)
+        words = vocabulary(scenes.attribute_names)
         assert len(words) == len(set(words))
         assert words[: len(scenes.attribute_names)] == scenes.attribute_names
         assert len(words) - len(scenes.attribute_names) >= 200
-    everything = world.vocabulary()
+    everything = vocabulary()
     assert set(object_attribute_names()) | set(CATEGORIES) <= set(everything)
     assert len(everything) == len(set(everything)) == 34 + len(CATEGORIES) + len(DISTRACTORS)
     assert not set(DISTRACTORS) & (set(object_attribute_names()) | set(CATEGORIES))
@@ -321,14 +322,14 @@ def test_vocabulary_has_all_phrases_and_distractors(objects: world.SceneSet, mul
 
 
 def test_zero_shot_prompts_one_per_column(objects: world.SceneSet, multi: world.SceneSet) -> None:
-    prompts = world.zero_shot_prompts(objects)
+    prompts = zero_shot_prompts(objects.kind)
     assert list(prompts) == list(objects.families)
     for family, columns in objects.families.items():
         assert len(prompts[family]) == len(columns) == len(set(prompts[family]))
     assert prompts["pattern"] == ["a photo of a solid object", "a photo of a striped object", "a photo of a spotted object", "a photo of a checkered object"]
     assert "a photo of an orange object" in prompts["body colour"]
     assert prompts["background"][0] == "a photo of an object on grass"
-    multi_prompts = world.zero_shot_prompts(multi)
+    multi_prompts = zero_shot_prompts(multi.kind)
     assert list(multi_prompts) == ["object"] and len(multi_prompts["object"]) == len(CATEGORIES)
     assert "a photo of an umbrella" in multi_prompts["object"]
 

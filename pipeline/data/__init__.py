@@ -1,7 +1,10 @@
-"""Image sources for the pipeline.
+"""Data: where images and labels come from, and the dataset the data stage writes.
 
-`scenes` is the offline default: a procedural world of rendered images with exactly known attributes,
-captions and one-attribute intervention pairs (the stand-in for CUB/COCO and synCUB/synCOCO). Its parts:
-`vocabulary` (the world's families, categories and word lists), `render` (drawing with PIL/numpy) and
-`captions` (captions and zero-shot prompts).
+- `sources`: the sources params.yaml can name (`scenes`, `folders`, `cub`, `coco`, `syn`) and reading one.
+- `world/`: the procedural offline world (vocabulary, rendering, captions, scenes and one-attribute edits).
+- `table`, `folders`, `cub`, `coco`, `syn`: loaders of real datasets on disk.
+- `images`: image files: decoding, and batches decoded in DataLoader workers.
+- `phrases`: the phrases that state an attribute in a caption.
+- `dataset`: the on-disk dataset every later stage reads.
+- `planted`: synthetic embeddings with a planted sparse basis.
 """

@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.table import (
-    BadImage, ImageTable, LayoutError, assign_split, check_fractions, check_images, join_words, with_article,
-)
+from pipeline.data.images import BadImage, check_image_files
+from pipeline.data.table import ImageTable, LayoutError, assign_split, check_fractions, join_words, with_article
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ def load_coco(root: Path | str, split_name: str = "val2017", split: tuple[float,
         raise LayoutError(f"COCO: image folder {folder} is not a directory (expected root/{split_name}/ or images_dir)")
     paths = [folder / file_name for _, file_name in images]
     if check:
-        check_images(paths, f"listed in {path.name}")
+        check_image_files(paths, f"listed in {path.name}")
     else:
         absent = next((p for p in paths if not p.is_file()), None)
         if absent is not None:

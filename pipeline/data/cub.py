@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.table import (
-    BadImage, ImageTable, LayoutError, assign_split, check_images, join_words, parse_int, read_fields, with_article,
-)
+from pipeline.data.images import BadImage, check_image_files
+from pipeline.data.table import ImageTable, LayoutError, assign_split, join_words, parse_int, read_fields, with_article
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +280,7 @@ def load_cub(root: Path | str, val_fraction: float = 0.1, seed: int = 0, check: 
 
     paths = [root / "images" / p for p in rel_paths]
     if check:
-        check_images(paths, "listed in images.txt")
+        check_image_files(paths, "listed in images.txt")
     else:
         missing = next((p for p in paths if not p.is_file()), None)
         if missing is not None:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.table import (
-    IMAGE_EXTENSIONS, ImageTable, LayoutError, assign_split, check_fractions, check_images, with_article,
-)
+from pipeline.data.images import check_image_files
+from pipeline.data.table import IMAGE_EXTENSIONS, ImageTable, LayoutError, assign_split, check_fractions, with_article
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def load_folders(root: Path | str, split: tuple[float, float, float] = (0.8, 0.1
     if skipped:
         log.warning("folders: skipped %d files without an image suffix under %s", skipped, root)
     if check:
-        check_images(paths, f"class folder image under {root}")
+        check_image_files(paths, f"class folder image under {root}")
 
     class_names = [names.get(d.name, d.name.replace("_", " ")) for d in class_dirs]
     labels = np.repeat(np.arange(len(class_dirs), dtype=np.int64), counts)

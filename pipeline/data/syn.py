@@ -47,7 +47,8 @@ import numpy as np
 
 from pipeline.data.coco import COCO_CATEGORY_NAMES, coco_caption
 from pipeline.data.cub import attribute_families, attribute_phrase, bird_caption, class_phrase, read_attribute_list
-from pipeline.data.table import BadImage, ImageTable, LayoutError, PairTable, check_images
+from pipeline.data.images import BadImage, check_image_files
+from pipeline.data.table import ImageTable, LayoutError, PairTable
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def load_syn(name_or_path: str | Path, revision: str | None = None, cache_dir: P
                           f"synCOCO needs columns {missing_coco}")
     all_paths = table.paths + pairs.after
     if check:
-        check_images(all_paths, f"listed in {metadata.name}")
+        check_image_files(all_paths, f"listed in {metadata.name}")
     else:
         absent = next((p for p in all_paths if not p.is_file()), None)
         if absent is not None:

@@ -6,8 +6,8 @@
 them live beside this module: `folders`, `cub`, `coco`, `syn`.
 
 Errors: a malformed dataset raises `LayoutError` (a `ValueError`) naming the file, the line where there
-is one, and what was expected; an image file that is missing or cannot be decoded raises `BadImage`
-(also a `ValueError`) naming the file and the reason. Loaders check the whole layout before returning,
+is one, and what was expected; an image file that is missing or cannot be decoded raises
+`pipeline.data.images.BadImage` (also a `ValueError`) naming the file and the reason. Loaders check the whole layout before returning,
 so a bad dataset fails at load time, not hours into an extraction.
 """
 
@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ImageTable", "PairTable", "LayoutError", "BadImage", "IMAGE_EXTENSIONS", "load_image", "load_images",
-    "check_images", "assign_split", "check_fractions", "read_fields", "parse_int", "with_article", "join_words",
+    "ImageTable", "PairTable", "LayoutError", "IMAGE_EXTENSIONS", "SPLIT_NAMES", "assign_split", "check_fractions", "read_fields",
+    "parse_int", "with_article", "join_words",
 ]
 
 # lower-case suffixes of the image files the loaders pick up (anything PIL decodes; case-insensitive)
@@ -37,15 +36,6 @@ SPLIT_NAMES = ("train", "validation", "test")
 
 class LayoutError(ValueError):
     """A dataset on disk does not have the expected layout (missing file, bad line, unknown id, ...)."""
-
-
-class BadImage(ValueError):
-    """An image file is missing, unreadable or corrupt. `path` is the file, `reason` says why."""
-
-    def __init__(self, path: Path | str, reason: str) -> None:
-        self.path = Path(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: unreadable image ({reason})")
 
 
 @dataclass
@@ -139,83 +129,6 @@ class PairTable:
 
     def __len__(self) -> int:
         return len(self.before)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# images
-
-
-def _check_size(size: Any) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-        raise TypeError(f"size: expected an integer, got {type(size).__name__}")
-    if size < 1:
-        raise ValueError(f"size: expected an integer >= 1, got {size}")
-    return int(size)
-
-
-def load_image(path: Path | str, size: int) -> np.ndarray:
-    """Read one image file as uint8 (size, size, 3) RGB: shorter side resized to `size`, centre crop.
-
-    EXIF orientation is applied; transparent pixels are composited onto white (so a transparent PNG does
-    not turn black); 16-bit greyscale is scaled to 8 bits (PIL's own conversion clips it to white).
-    Large JPEGs are decoded at a reduced scale first (`draft`), never below `size`.
-    Raises BadImage(path, reason) if the file is missing, not an image, truncated or otherwise corrupt.
-    """
-    size = _check_size(size)
-    path = Path(path)
-    if not path.is_file():
-        raise BadImage(path, "file not found")
-    try:
-        with Image.open(path) as image:
-            image.draft("RGB", (size, size))  # JPEG only: decode at 1/2..1/8 scale, both sides still >= size
-            image = ImageOps.exif_transpose(image)
-            image.load()
-            if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-                grey = np.asarray(image).astype(np.float64) / 257.0
-                image = Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8))
-            if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-                rgba = image.convert("RGBA")
-                image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-            image = image.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise BadImage(path, f"{type(error).__name__}: {error}") from None
-    width, height = image.size
-    if width < 1 or height < 1:
-        raise BadImage(path, f"empty image {width} x {height}")
-    scale = size / min(width, height)
-    new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
-    if new_size != image.size:
-        image = image.resize(new_size, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    left, top = (new_size[0] - size) // 2, (new_size[1] - size) // 2
-    image = image.crop((left, top, left + size, top + size))
-    return np.asarray(image, dtype=np.uint8).copy()
-
-
-def load_images(paths: Sequence[Path | str], size: int) -> np.ndarray:
-    """Read several image files with `load_image`: uint8 (n, size, size, 3). Raises BadImage on the first bad one."""
-    size = _check_size(size)
-    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
-    for i, path in enumerate(paths):
-        out[i] = load_image(path, size)
-    return out
-
-
-def check_images(paths: Sequence[Path], context: str) -> None:
-    """Open every file's header (no pixel decoding) and raise BadImage for the first that is missing or not an image.
-
-    context: where the paths came from, for the message ("listed in images.txt"). Cost: one file open per
-    image (about 0.1 ms on a local disk); truncated pixel data is only found when `load_image` decodes it.
-    """
-    for path in paths:
-        if not path.is_file():
-            raise BadImage(path, f"file not found ({context})")
-        try:
-            with Image.open(path) as image:
-                width, height = image.size
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-            raise BadImage(path, f"{type(error).__name__}: {error} ({context})") from None
-        if width < 1 or height < 1:
-            raise BadImage(path, f"empty image {width} x {height} ({context})")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ Encoders turn uint8 images and strings into L2-normalised float32 embeddings in 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from torch import nn
 
 
 @runtime_checkable
@@ -51,3 +53,13 @@ def check_batch_size(batch_size: int) -> None:
     """Raise ValueError unless batch_size is a positive integer."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 (hex) of every parameter and buffer, in name order: the same before saving and after loading."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

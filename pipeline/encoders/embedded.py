@@ -1,110 +1,78 @@
 """The embedded offline vision-language model: a small CNN aligned to the frozen all-MiniLM-L6-v2 text encoder.
 
 No CLIP weights exist offline, so the pipeline trains its own CLIP-like model on the procedural scenes.
-The image tower (4 conv blocks, global average pooling, linear head) and a learned linear text projection
-384 -> d are trained with the CLIP loss (symmetric InfoNCE, learnable temperature) against the *frozen*
-MiniLM sentence embeddings of the captions. Because the text side is a pretrained language model,
-any English word or phrase can later be embedded as a concept, not only the training captions.
+The image tower (`EmbeddedCLIP`) and a learned linear text projection 384 -> d are trained with the CLIP loss
+(symmetric InfoNCE, learnable temperature) against the *frozen* MiniLM sentence embeddings of the captions, by the
+one training loop (`pipeline.training.loop`). Because the text side is a pretrained language model, any English
+word or phrase can later be embedded as a concept, not only the training captions.
 
 Layout of a saved model directory (`save_embedded` / `load_embedded`):
     model.safetensors   every parameter and buffer of `EmbeddedCLIP` (no pickle)
-    config.json         {"schema_version", "kind": "embedded", "config": EmbeddedConfig fields,
+    config.json         {"schema_version", "kind": "embedded", "settings": EmbeddedSettings fields, "image_size",
                          "text_model", "weights_sha256"}
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
 import os
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from pipeline.encoders.base import Encoder, check_batch_size, check_images
+from pipeline.encoders.base import check_batch_size, check_images, weights_digest
 from pipeline.encoders.text import TEXT_DIM, MiniLM, check_texts
+from pipeline.settings import Bool, NonNegativeInt, PositiveInt, defaults_from, settings
+from pipeline.training.device import Device, resolve_device
+from pipeline.training.loop import BatchSource, TrainSettings, Validation, fit
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MAX_LOGIT_SCALE = math.log(100.0)  # CLIP's clamp: temperature never below 1/100
 
+#: the loop settings of the embedded model: AdamW with weight decay, cosine to 0, no gradient clipping
+EMBEDDED_TRAIN = TrainSettings(epochs=15, batch_size=128, lr=2e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0, grad_clip=0.0)
 
-@dataclass
-class EmbeddedConfig:
-    """Architecture and training settings of the embedded model.
+
+@settings
+class EmbeddedSettings:
+    """The embedded model (params.yaml `encoder:` with `kind: embedded`).
 
     embed_dim: shared image/text dimension d. width: channels of the first conv block (then 2w, 4w, 4w).
-    image_size: H = W of the input images. shift: maximum random translation in pixels for augmentation
-    (None -> image_size // 16). flip: random horizontal flips; off by default because captions may name
-    left/right. Colours are never augmented: colour is an attribute. warmup_frac: linear learning-rate
-    warm-up as a fraction of all steps, then cosine decay to 0. device: "auto" picks cuda when present;
-    training is bit-for-bit deterministic for a seed on CPU.
+    shift: maximum random translation in pixels for augmentation (None -> image size // 16). flip: random
+    horizontal flips; off by default because captions may name left/right. Colours are never augmented: colour
+    is an attribute. train: the loop's settings (`TrainSettings`; its `patience` and `init_samples` are unused:
+    there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
+    bit-for-bit deterministic for a seed on CPU. The image size is the dataset's (`data.image_size`).
     """
 
-    embed_dim: int = 128
-    width: int = 24
-    image_size: int = 64
-    epochs: int = 15
-    batch_size: int = 128
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    seed: int = 0
-    warmup_frac: float = 0.05
-    shift: int | None = None
-    flip: bool = False
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("embed_dim", "width", "epochs"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.image_size < 16:
-            problems.append(f"image_size must be >= 16 (four 2x poolings), got {self.image_size}")
-        if self.batch_size < 2:
-            problems.append(f"batch_size must be >= 2 (a contrastive batch needs negatives), got {self.batch_size}")
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.warmup_frac < 1:
-            problems.append(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
-        if self.shift is not None and not 0 <= self.shift < self.image_size:
-            problems.append(f"shift must be in [0, image_size), got {self.shift}")
-        if problems:
-            raise ValueError("EmbeddedConfig: " + "; ".join(problems))
-
-    @classmethod
-    def tiny(cls, **overrides: Any) -> "EmbeddedConfig":
-        """The tiny preset: 32 px images, d = 32, a narrow tower (seconds on one CPU core)."""
-        values: dict[str, Any] = dict(embed_dim=32, width=16, image_size=32, epochs=25, batch_size=32, lr=3e-3)
-        values.update(overrides)
-        return cls(**values)
+    kind: Literal["embedded"] = "embedded"
+    embed_dim: PositiveInt = 128
+    width: PositiveInt = 24
+    shift: NonNegativeInt | None = None
+    flip: Bool = False
+    train: Annotated[TrainSettings, defaults_from(EMBEDDED_TRAIN)] = EMBEDDED_TRAIN
+    device: Device = "auto"
 
     @property
-    def max_shift(self) -> int:
-        """The augmentation's maximum translation in pixels."""
-        return self.image_size // 16 if self.shift is None else self.shift
+    def dim(self) -> int:
+        """The embedding dimension (what `pipeline.config` checks k against)."""
+        return self.embed_dim
 
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else is passed to torch.device."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    def max_shift(self, image_size: int) -> int:
+        """The augmentation's maximum translation in pixels at `image_size`."""
+        return image_size // 16 if self.shift is None else self.shift
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -161,6 +129,22 @@ class EmbeddedCLIP(nn.Module):
         """(image embeddings (n, d), text embeddings (m, d))."""
         return self.encode_image(pixels), self.encode_text(text_features)
 
+    # --- training through pipeline.training.loop -----------------------------------------
+    def training_loss(self, batch: tuple[Tensor, Tensor, Tensor], progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """CLIP loss of one batch (augmented pixels (b, 3, H, W), MiniLM features (b, 384), caption ids (b,))."""
+        pixels, text_features, caption_ids = batch
+        image_emb, text_emb = self(pixels, text_features)
+        loss = clip_loss(image_emb, text_emb, self.logit_scale, caption_ids)
+        return loss, {"temperature": (1 / self.logit_scale.detach().exp())}
+
+    def before_step(self) -> None:
+        """Nothing to do before the optimiser step."""
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Clamp the temperature to CLIP's range (logit scale in [0, log 100])."""
+        self.logit_scale.clamp_(0.0, MAX_LOGIT_SCALE)
+
 
 def pixels_from_uint8(images: Tensor) -> Tensor:
     """uint8 (n, H, W, 3) -> float32 (n, 3, H, W) in [0, 1]."""
@@ -216,19 +200,36 @@ def augment(images: Tensor, max_shift: int, flip: bool, generator: torch.Generat
 # --- training ----------------------------------------------------------------------------
 
 
-def _build_model(config: EmbeddedConfig) -> EmbeddedCLIP:
-    """A freshly initialised model; the initialisation depends only on config.seed (global RNG untouched)."""
+def build_embedded(embedded: EmbeddedSettings, image_size: int, seed: int) -> EmbeddedCLIP:
+    """A freshly initialised model; the initialisation depends only on the seed (global RNG untouched)."""
+    if image_size < 16:
+        raise ValueError(f"image_size must be >= 16 (four 2x poolings), got {image_size}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        return EmbeddedCLIP(config.embed_dim, config.width, config.image_size)
+        torch.manual_seed(seed)
+        return EmbeddedCLIP(embedded.embed_dim, embedded.width, image_size)
 
 
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up over `warmup` steps, then cosine decay from 1 to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+def contrastive_batches(images: np.ndarray, caption_ids: np.ndarray, text_features: Tensor, batch_size: int, seed: int,
+                        max_shift: int, flip: bool) -> BatchSource:
+    """Shuffled, augmented training batches (pixels float (b, 3, H, W), MiniLM features (b, 384), caption ids (b,)).
+
+    The last partial batch is dropped (a tiny batch is a weak contrastive signal); order and augmentation depend
+    only on (seed, epoch). Images stay uint8 in memory and are converted per batch.
+    """
+    pixels_all = torch.from_numpy(np.ascontiguousarray(images))
+    ids_all = torch.from_numpy(np.asarray(caption_ids, dtype=np.int64))
+    n = len(images)
+
+    def batches(epoch: int) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=generator)
+        for step in range(n // batch_size):
+            rows = order[step * batch_size : (step + 1) * batch_size]
+            pixels = augment(pixels_from_uint8(pixels_all[rows]), max_shift, flip, generator)
+            ids = ids_all[rows]
+            yield pixels, text_features[ids], ids
+
+    return batches
 
 
 def encode_images_with(model: EmbeddedCLIP, images: np.ndarray, device: torch.device, batch_size: int = 256) -> np.ndarray:
@@ -251,110 +252,59 @@ def retrieval_accuracy(image_emb: np.ndarray, captions: list[str], text_emb_uniq
 def train_embedded(
     images: np.ndarray,
     captions: list[str],
-    config: EmbeddedConfig,
+    embedded: EmbeddedSettings,
+    seed: int = 0,
     text_encoder: MiniLM | None = None,
     val: tuple[np.ndarray, list[str]] | None = None,
 ) -> tuple[EmbeddedCLIP, list[dict[str, float]]]:
-    """Train the embedded model on uint8 images (n, S, S, 3) (S = config.image_size) and their n captions.
+    """Train the embedded model on uint8 images (n, S, S, 3) and their n captions; returns it (eval mode) and the
+    per-epoch history of `pipeline.training.loop.fit` ("train_loss", "train_temperature", "lr", and with `val` =
+    (images, captions) "val_i2t_accuracy" and "val_chance" = 1 / distinct val captions).
 
-    The MiniLM features of the distinct captions are computed once (no grad) and kept in memory; MiniLM
-    is never updated. AdamW (weight decay on conv/linear weights only), warm-up + cosine schedule, CLIP
-    loss with same-caption positives. Returns the model (eval mode) and one dict per epoch:
-    {"epoch", "loss" (mean over the epoch's batches), "lr" (at the epoch's end), "temperature",
-    "seconds" (the epoch's training time, validation excluded)}
-    plus "val_i2t_accuracy" and "val_chance" (1 / distinct val captions) when `val` = (images, captions).
+    The MiniLM features of the distinct captions are computed once (no grad) and kept in memory; MiniLM is never
+    updated. CLIP loss with same-caption positives.
     """
-    check_images(images, config.image_size)
+    check_images(images)
     check_texts(captions, "captions")
+    image_size = int(images.shape[1])
+    if images.shape[2] != image_size:
+        raise ValueError(f"images: expected square images, got {images.shape[1]}x{images.shape[2]}")
     if len(captions) != images.shape[0]:
         raise ValueError(f"captions: expected one caption per image ({images.shape[0]}), got {len(captions)}")
-    if images.shape[0] < 2:
-        raise ValueError(f"images: contrastive training needs at least 2 images, got {images.shape[0]}")
+    batch_size = min(embedded.train.batch_size, images.shape[0])
+    if batch_size < 2:
+        raise ValueError(f"images: contrastive training needs batches of at least 2 images, got {images.shape[0]} images "
+                         f"and batch_size {embedded.train.batch_size}")
     if val is not None:
-        check_images(val[0], config.image_size, "val images")
+        check_images(val[0], image_size, "val images")
         check_texts(val[1], "val captions")
         if len(val[1]) != val[0].shape[0]:
             raise ValueError(f"val captions: expected one caption per val image ({val[0].shape[0]}), got {len(val[1])}")
-    device = resolve_device(config.device)
+    device = resolve_device(embedded.device)
     text_encoder = text_encoder if text_encoder is not None else MiniLM(device)
-
-    started = time.perf_counter()
     unique, inverse = np.unique(np.asarray(captions, dtype=object).astype(str), return_inverse=True)
-    text_features = torch.from_numpy(text_encoder.encode([str(u) for u in unique])).to(device)  # (u, 384), frozen
-    caption_ids = torch.from_numpy(inverse.reshape(-1)).long()
-    val_unique: list[str] = []
-    val_features: Tensor | None = None
+    text_features = torch.from_numpy(text_encoder.encode([str(u) for u in unique]))  # (u, 384), frozen
+    logger.info("embedded model: %d images, %d distinct captions, device %s", len(captions), len(unique), device)
+
+    model = build_embedded(embedded, image_size, seed)
+    validation = None
     if val is not None:
         val_unique = sorted(set(val[1]))
         val_features = torch.from_numpy(text_encoder.encode(val_unique)).to(device)
-    logger.info("embedded model: %d images, %d distinct captions (MiniLM features in %.1f s), device %s",
-                len(captions), len(unique), time.perf_counter() - started, device)
 
-    model = _build_model(config).to(device).train()
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-    n = images.shape[0]
-    batch_size = min(config.batch_size, n)
-    steps_per_epoch = n // batch_size  # drop the last partial batch: a tiny batch is a weak contrastive signal
-    total = steps_per_epoch * config.epochs
-    warmup = max(1, int(config.warmup_frac * total))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, total, warmup))
-    generator = torch.Generator().manual_seed(config.seed)
-    pixels_all = torch.from_numpy(np.ascontiguousarray(images))  # uint8, converted per batch to keep memory at n*S*S*3 bytes
-
-    history: list[dict[str, float]] = []
-    bar = tqdm(total=total, desc="embedded model", unit="step", disable=None, leave=False)
-    for epoch in range(config.epochs):
-        start, losses = time.perf_counter(), []
-        order = torch.randperm(n, generator=generator)
-        for step in range(steps_per_epoch):
-            rows = order[step * batch_size : (step + 1) * batch_size]
-            pixels = augment(pixels_from_uint8(pixels_all[rows].to(device)), config.max_shift, config.flip, generator)
-            ids = caption_ids[rows].to(device)
-            image_emb, text_emb = model(pixels, text_features[ids])
-            loss = clip_loss(image_emb, text_emb, model.logit_scale, ids)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            with torch.no_grad():
-                model.logit_scale.clamp_(0.0, MAX_LOGIT_SCALE)
-            losses.append(loss.detach())
-            bar.update(1)
-        record = {
-            "epoch": epoch + 1,
-            "loss": float(torch.stack(losses).mean()),
-            "lr": float(scheduler.get_last_lr()[0]),
-            "temperature": float(1 / model.logit_scale.detach().exp()),
-            "seconds": time.perf_counter() - start,
-        }
-        if val is not None and val_features is not None:
-            model.eval()
-            with torch.no_grad():
-                val_text = model.encode_text(val_features).cpu().numpy()
+        def run() -> dict[str, float]:
+            val_text = model.encode_text(val_features).cpu().numpy()
             val_images = encode_images_with(model, val[0], device)
-            record["val_i2t_accuracy"] = retrieval_accuracy(val_images, list(val[1]), val_text, val_unique)
-            record["val_chance"] = 1.0 / len(val_unique)
-            model.train()
-        bar.set_postfix(loss=f"{record['loss']:.3f}")
-        logger.info("embedded model epoch %d/%d: %s", epoch + 1, config.epochs, ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
-        history.append(record)
-    bar.close()
-    return model.eval(), history
+            return {"val_i2t_accuracy": retrieval_accuracy(val_images, list(val[1]), val_text, val_unique), "val_chance": 1.0 / len(val_unique)}
+
+        validation = Validation(run=run)
+    train = dataclasses.replace(embedded.train, batch_size=batch_size, device=embedded.device)
+    batches = contrastive_batches(images, inverse.reshape(-1), text_features, batch_size, seed, embedded.max_shift(image_size), embedded.flip)
+    result = fit(model, batches, images.shape[0] // batch_size, train, seed, validation, name="embedded model")
+    return result.module, result.history  # type: ignore[return-value]
 
 
 # --- the Encoder ---------------------------------------------------------------------------
-
-
-def weights_digest(model: nn.Module) -> str:
-    """sha256 (hex) of every parameter and buffer, in name order: the same before saving and after loading."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(tensor.shape)).encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class EmbeddedEncoder:
@@ -397,7 +347,7 @@ class EmbeddedEncoder:
 # --- saving and loading ----------------------------------------------------------------------
 
 
-def save_embedded(model: EmbeddedCLIP, config: EmbeddedConfig, directory: Path) -> None:
+def save_embedded(model: EmbeddedCLIP, embedded: EmbeddedSettings, directory: Path) -> None:
     """Write `model.safetensors` and `config.json` into `directory` (created if missing).
 
     Each file is written under a temporary name and renamed into place, so a crash never leaves a
@@ -405,16 +355,16 @@ def save_embedded(model: EmbeddedCLIP, config: EmbeddedConfig, directory: Path) 
     """
     from safetensors.torch import save_file
 
-    if (model.embed_dim, model.image_size) != (config.embed_dim, config.image_size):
-        raise ValueError(f"config (embed_dim={config.embed_dim}, image_size={config.image_size}) does not match the model "
-                         f"(embed_dim={model.embed_dim}, image_size={model.image_size})")
+    if model.embed_dim != embedded.embed_dim:
+        raise ValueError(f"settings (embed_dim={embedded.embed_dim}) do not match the model (embed_dim={model.embed_dim})")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     meta = {
         "schema_version": SCHEMA_VERSION,
         "kind": "embedded",
-        "config": dataclasses.asdict(config),
+        "settings": json.loads(json.dumps(dataclasses.asdict(embedded))),
+        "image_size": model.image_size,
         "text_model": "all-MiniLM-L6-v2",
         "weights_sha256": weights_digest(model),
     }
@@ -425,8 +375,8 @@ def save_embedded(model: EmbeddedCLIP, config: EmbeddedConfig, directory: Path) 
     os.replace(tmp_config, directory / CONFIG_FILE)
 
 
-def read_embedded_config(directory: Path) -> tuple[EmbeddedConfig, dict[str, Any]]:
-    """The saved EmbeddedConfig and the whole config.json, with clear errors for missing or foreign files."""
+def read_embedded_config(directory: Path) -> tuple[EmbeddedSettings, dict[str, Any]]:
+    """The saved EmbeddedSettings and the whole config.json, with clear errors for missing or foreign files."""
     path = Path(directory) / CONFIG_FILE
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"{directory}: no embedded model directory here (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
@@ -441,10 +391,11 @@ def read_embedded_config(directory: Path) -> tuple[EmbeddedConfig, dict[str, Any
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {meta.get('schema_version')!r}, this code reads {SCHEMA_VERSION}")
     try:
-        config = EmbeddedConfig(**meta["config"])
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"{path}: 'config' does not describe an EmbeddedConfig ({error})") from error
-    return config, meta
+        embedded = EmbeddedSettings(**meta["settings"])
+        int(meta["image_size"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: 'settings' and 'image_size' do not describe an embedded model ({str(error).splitlines()[0]})") from error
+    return embedded, meta
 
 
 def load_embedded(directory: Path, device: str | torch.device = "cpu", text_encoder: MiniLM | None = None) -> EmbeddedEncoder:
@@ -456,7 +407,7 @@ def load_embedded(directory: Path, device: str | torch.device = "cpu", text_enco
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    config, meta = read_embedded_config(directory)
+    embedded, meta = read_embedded_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: missing; the embedded model's weights are not here")
@@ -464,7 +415,7 @@ def load_embedded(directory: Path, device: str | torch.device = "cpu", text_enco
         state = load_file(str(weights), device="cpu")
     except Exception as error:  # safetensors raises its own error types for truncated/garbled files
         raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
-    model = EmbeddedCLIP(config.embed_dim, config.width, config.image_size)
+    model = EmbeddedCLIP(embedded.embed_dim, embedded.width, int(meta["image_size"]))
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
@@ -472,56 +423,3 @@ def load_embedded(directory: Path, device: str | torch.device = "cpu", text_enco
     if weights_digest(model) != meta.get("weights_sha256"):
         raise ValueError(f"{weights}: weights sha256 differs from the one recorded in {CONFIG_FILE}; the checkpoint is corrupt")
     return EmbeddedEncoder(model, text_encoder, device=resolve_device(device))
-
-
-# --- zero-shot evaluation ----------------------------------------------------------------------
-
-
-def zero_shot_accuracy(
-    encoder: Encoder,
-    images: np.ndarray,
-    attributes: np.ndarray,
-    families: dict[str, list[int]],
-    prompts: dict[str, list[str]],
-) -> dict[str, dict[str, float]]:
-    """Zero-shot classification accuracy per attribute family.
-
-    images: held-out uint8 (n, H, W, 3). attributes: bool (n, A). families: family -> its attribute
-    columns. prompts: family -> one prompt per column, in the same order. An image's prediction in a
-    family is the prompt of highest cosine similarity; it counts against the true attribute, on the
-    images where exactly one of the family's attributes is true (n, in the result; accuracy is NaN when
-    n = 0). Returns family -> {"accuracy", "chance" (1 / family size), "n"}.
-    """
-    check_images(images)
-    if not isinstance(attributes, np.ndarray) or attributes.dtype != np.bool_ or attributes.ndim != 2:
-        raise TypeError(f"attributes: expected a bool array (n, A), got {getattr(attributes, 'dtype', type(attributes).__name__)} of shape {getattr(attributes, 'shape', None)}")
-    if attributes.shape[0] != images.shape[0]:
-        raise ValueError(f"attributes: expected {images.shape[0]} rows (one per image), got {attributes.shape[0]}")
-    if not encoder.has_text:
-        raise ValueError(f"encoder {encoder.id}: has no text side; zero-shot classification needs one")
-    if set(families) != set(prompts):
-        raise ValueError(f"prompts: expected exactly the families {sorted(families)}, got {sorted(prompts)}")
-    for family, columns in families.items():
-        if len(columns) < 2:
-            raise ValueError(f"families[{family!r}]: expected at least 2 attribute columns, got {list(columns)}")
-        if len(prompts[family]) != len(columns):
-            raise ValueError(f"prompts[{family!r}]: expected {len(columns)} prompts (one per column), got {len(prompts[family])}")
-        out_of_range = [c for c in columns if not 0 <= c < attributes.shape[1]]
-        if out_of_range:
-            raise ValueError(f"families[{family!r}]: columns {out_of_range} outside 0..{attributes.shape[1] - 1}")
-
-    image_emb = encoder.encode_images(images)
-    all_prompts = [p for family in families for p in prompts[family]]
-    text_emb = encoder.encode_texts(all_prompts)
-    result: dict[str, dict[str, float]] = {}
-    offset = 0
-    for family, columns in families.items():
-        family_text = text_emb[offset : offset + len(columns)]
-        offset += len(columns)
-        labels = attributes[:, columns]
-        valid = labels.sum(axis=1) == 1
-        truth = np.argmax(labels[valid], axis=1)
-        predicted = np.argmax(image_emb[valid] @ family_text.T, axis=1)
-        n = int(valid.sum())
-        result[family] = {"accuracy": float(np.mean(predicted == truth)) if n else float("nan"), "chance": 1.0 / len(columns), "n": n}
-    return result

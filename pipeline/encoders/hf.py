@@ -31,10 +31,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from pipeline.encoders.base import check_batch_size
-from pipeline.encoders.embedded import resolve_device, weights_digest
+from pipeline.encoders.base import check_batch_size, weights_digest
+from pipeline.encoders.pixels import encode_pixels
 from pipeline.encoders.text import check_texts
-from pipeline.images import encode_pixels
+from pipeline.training.device import resolve_device
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pipeline.encoders.base import check_batch_size
-from pipeline.encoders.embedded import resolve_device, weights_digest
+from pipeline.encoders.base import check_batch_size, weights_digest
 from pipeline.encoders.hf import hub_offline, offline_help
+from pipeline.encoders.pixels import encode_pixels
 from pipeline.encoders.text import check_texts
-from pipeline.images import encode_pixels
+from pipeline.training.device import resolve_device
 
 logger = logging.getLogger(__name__)
 

@@ -1,100 +1,91 @@
-"""`load_encoder(spec)`: one dict from params.yaml -> the matching `Encoder`.
+"""Pretrained encoders by name (`PretrainedSettings` -> `load_encoder`), and `open_encoder`, which reopens whatever
+encoder the encoder stage left behind (a pretrained spec or the embedded model).
 
-Specs (keys beyond "kind"; `device` is optional everywhere, "auto" by default):
-    {"kind": "open_clip", "arch": "ViT-B-32", "weights": "laion2b_s34b_b79k"}   weights: tag, file or null;
-                                                                               optional "model_config": JSON file
-    {"kind": "hf_clip", "model": "openai/clip-vit-base-patch32"}               hub id or local folder
-    {"kind": "dinov2", "model": "facebook/dinov2-small"}
-    {"kind": "blip", "model": "Salesforce/blip-image-captioning-base"}
-    {"kind": "embedded", "path": "store/encoder"}                               `load_embedded`'s folder
-Missing or unknown keys and unknown kinds raise one clear ValueError before any model is loaded.
+Settings (params.yaml `encoder:` for a pretrained model; `device` is "auto" by default everywhere):
+    {kind: open_clip, arch: ViT-B-32, weights: laion2b_s34b_b79k}   weights: a tag, a local file, or omitted (random
+                                                                     init); optional arch_config: a JSON config file
+    {kind: hf_clip, model: openai/clip-vit-base-patch32}             a hub id or a local folder
+    {kind: dinov2, model: facebook/dinov2-small}
+    {kind: blip, model: Salesforce/blip-image-captioning-base}
+Keys that do not belong to the kind are refused when the settings are built, before any model is loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import json
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+from pydantic import model_validator
+
+from pipeline.encoders import hf
 from pipeline.encoders.base import Encoder
+from pipeline.encoders.embedded import load_embedded
+from pipeline.encoders.openclip import OpenClipEncoder
+from pipeline.settings import PositiveInt, settings
+from pipeline.training.device import Device
 
-# kind -> (required keys, optional keys)
-SPEC_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "open_clip": (("arch",), ("weights", "model_config", "device")),
-    "hf_clip": (("model",), ("device",)),
-    "dinov2": (("model",), ("device",)),
-    "blip": (("model",), ("device",)),
-    "embedded": (("path",), ("device",)),
-}
+SPEC_FILE = "spec.json"
 
-
-def _open_clip(spec: Mapping[str, Any]) -> Encoder:
-    from pipeline.encoders.openclip import OpenClipEncoder
-
-    return OpenClipEncoder(spec["arch"], spec.get("weights"), device=spec.get("device", "auto"), model_config=spec.get("model_config"))
+#: the keys each kind takes besides kind, dim and device
+_KEYS = {"open_clip": ("arch", "weights", "arch_config"), "hf_clip": ("model",), "dinov2": ("model",), "blip": ("model",)}
 
 
-def _hf(cls_name: str) -> Callable[[Mapping[str, Any]], Encoder]:
-    def build(spec: Mapping[str, Any]) -> Encoder:
-        from pipeline.encoders import hf
+@settings
+class PretrainedSettings:
+    """A pretrained image(-text) encoder.
 
-        return getattr(hf, cls_name)(spec["model"], device=spec.get("device", "auto"))
+    open_clip: `arch` (an open_clip architecture name) and `weights` (a pretrained tag of it, a local checkpoint
+    file, or None for a randomly initialised model), optionally `arch_config` (a JSON architecture file named
+    <arch>.json). hf_clip / dinov2 / blip: `model` (a hub id or a local folder). Offline, a hub id or tag that is not
+    in the local cache fails at once with instructions. `dim` (optional) lets params.yaml be checked against the
+    embedding dimension (k <= d) before the model is loaded.
+    """
 
-    return build
+    kind: Literal["open_clip", "hf_clip", "dinov2", "blip"]
+    arch: str | None = None
+    weights: str | None = None
+    arch_config: str | None = None
+    model: str | None = None
+    dim: PositiveInt | None = None
+    device: Device = "auto"
 
-
-def _embedded(spec: Mapping[str, Any]) -> Encoder:
-    from pipeline.encoders.embedded import load_embedded
-
-    return load_embedded(Path(spec["path"]), device=spec.get("device", "auto"))
-
-
-BUILDERS: dict[str, Callable[[Mapping[str, Any]], Encoder]] = {
-    "open_clip": _open_clip,
-    "hf_clip": _hf("HFClipEncoder"),
-    "dinov2": _hf("Dinov2Encoder"),
-    "blip": _hf("BlipEncoder"),
-    "embedded": _embedded,
-}
-
-
-def check_spec(spec: Mapping[str, Any]) -> str:
-    """Validate an encoder spec's shape (kind, required and allowed keys); return its kind."""
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"encoder spec: expected a mapping like {{'kind': 'open_clip', ...}}, got {type(spec).__name__}")
-    kind = spec.get("kind")
-    if kind not in SPEC_KEYS:
-        raise ValueError(f"encoder spec: unknown kind {kind!r}; expected one of {', '.join(SPEC_KEYS)}")
-    required, optional = SPEC_KEYS[kind]
-    missing = [key for key in required if spec.get(key) in (None, "")]
-    if missing:
-        raise ValueError(f"encoder spec (kind {kind!r}): missing {', '.join(missing)}; expected keys {', '.join(required)} (optional: {', '.join(optional)})")
-    unknown = sorted(set(spec) - {"kind", *required, *optional})
-    if unknown:
-        raise ValueError(f"encoder spec (kind {kind!r}): unknown keys {', '.join(unknown)}; allowed: {', '.join((*required, *optional))}")
-    return kind
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> "PretrainedSettings":
+        wanted = _KEYS[self.kind]
+        foreign = [k for k in ("arch", "weights", "arch_config", "model") if k not in wanted and getattr(self, k) is not None]
+        if foreign:
+            raise ValueError(f"{self.kind} does not take {', '.join(foreign)} (it takes {', '.join(wanted)})")
+        if self.kind == "open_clip" and not self.arch:
+            raise ValueError("open_clip needs `arch` (e.g. ViT-B-32) and usually `weights` (a tag or a local file)")
+        if self.kind != "open_clip" and not self.model:
+            raise ValueError(f"{self.kind} needs `model` (a hub id or a local folder)")
+        return self
 
 
-def load_encoder(spec: Mapping[str, Any]) -> Encoder:
-    """Build the encoder a spec describes (see the module docstring); the heavy libraries are imported only for that kind."""
-    return BUILDERS[check_spec(spec)](spec)
+def load_encoder(spec: PretrainedSettings) -> Encoder:
+    """Build the pretrained encoder `spec` names (open_clip and transformers are imported only for its kind)."""
+    if spec.kind == "open_clip":
+        return OpenClipEncoder(spec.arch, spec.weights, device=spec.device, model_config=spec.arch_config)  # type: ignore[arg-type]
+    cls = {"hf_clip": hf.HFClipEncoder, "dinov2": hf.Dinov2Encoder, "blip": hf.BlipEncoder}[spec.kind]
+    return cls(spec.model, device=spec.device)  # type: ignore[arg-type]
 
 
-def save_spec(spec: Mapping[str, Any], directory: Path, encoder_id: str, dim: int, has_text: bool) -> None:
-    """Record a pretrained encoder's spec in the encoder stage's output folder (the weights stay where they are)."""
-    import json
-
+def save_spec(spec: PretrainedSettings, directory: Path, encoder: Encoder) -> None:
+    """Record a pretrained encoder's settings in the encoder stage's output folder (the weights stay where they are)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "spec.json").write_text(json.dumps({"spec": dict(spec), "id": encoder_id, "dim": dim, "has_text": has_text}, indent=1))
+    record = {"spec": dataclasses.asdict(spec), "id": encoder.id, "dim": encoder.dim, "has_text": encoder.has_text}
+    (directory / SPEC_FILE).write_text(json.dumps(record, indent=1))
 
 
-def open_encoder(directory: Path, device: str = "auto") -> Encoder:
-    """The encoder the encoder stage left in `directory`: a pretrained spec (spec.json) or the embedded model."""
-    import json
+def open_encoder(directory: Path, device: str | None = None) -> Encoder:
+    """The encoder the encoder stage left in `directory`: a pretrained spec (spec.json) or the embedded model.
 
-    spec_file = Path(directory) / "spec.json"
+    device: where to run it; None = the device its settings name ("auto" for the embedded model).
+    """
+    spec_file = Path(directory) / SPEC_FILE
     if spec_file.is_file():
-        return load_encoder(json.loads(spec_file.read_text())["spec"])
-    from pipeline.encoders.embedded import load_embedded
-
-    return load_embedded(Path(directory), device=device)
+        spec = PretrainedSettings(**json.loads(spec_file.read_text())["spec"])
+        return load_encoder(spec if device is None else dataclasses.replace(spec, device=device))
+    return load_embedded(Path(directory), device=device or "auto")

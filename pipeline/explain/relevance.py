@@ -6,29 +6,23 @@
   (`naming.explain_images`) and the dense reference (`naming.dense_explanations`).
 - `describes_image_rate`: does a generated caption describe the image? Each caption is parsed against
   the attribute vocabulary (which attributes it states); it describes the image when it states at
-  least one attribute and everything it states is true. The scene world's caption synonyms
-  (`pipeline.data.captions`) are used to recognise attributes; other data sets fall back to the words
-  of the attribute names.
+  least one attribute and everything it states is true. Which phrases state an attribute is the
+  dataset's knowledge (`pipeline.data.phrases`: the scene world's caption synonyms, or the words of a
+  real dataset's attribute names), passed in as `phrases`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.data import captions as scene_captions
-from pipeline.data.vocabulary import FAMILIES
+from pipeline.data.phrases import words
 
 __all__ = [
-    "Relevance", "relevance", "CaptionJudgement", "attribute_phrases", "stated_attributes", "describes_image_rate", "tokenize_words",
+    "Relevance", "relevance", "CaptionJudgement", "normalise_phrases", "stated_attributes", "describes_image_rate", "check_captions",
 ]
 
-#: leading function words removed from the scene world's background phrases ("on a lawn" -> "lawn") so that
-#: a caption that words the background a little differently from the templates is still recognised.
-_FUNCTION_WORDS = frozenset({"a", "an", "the", "on", "in", "at", "against", "under", "with", "behind", "it"})
-_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -128,62 +122,17 @@ def relevance(explanations: list[list[tuple[str, float]]], attributes: np.ndarra
 
 
 # --- does a caption describe the image? ---------------------------------------------------------
-def tokenize_words(text: str) -> list[str]:
-    """Lower-case words of `text` (letters/digits, inner hyphens and apostrophes kept: "medium-sized")."""
-    return _WORD.findall(text.lower())
-
-
-def _scene_synonyms(family: str, value: str) -> list[str]:
-    """The phrases the scene world's captions use for `value` of `family` (empty if it has none)."""
-    tables = {
-        "size": scene_captions.SIZE_WORDS,
-        "pattern": scene_captions.PATTERN_WORDS,
-        "top shape": scene_captions.TOP_SHAPE_WORDS,
-        "background": scene_captions.BACKGROUND_WORDS,
-    }
-    phrases = list(tables.get(family, {}).get(value, ()))
-    stripped = []
-    for phrase in phrases:
-        words = phrase.split()
-        while words and words[0] in _FUNCTION_WORDS:
-            words = words[1:]
-        while words and words[-1] in _FUNCTION_WORDS:
-            words = words[:-1]
-        if words:
-            stripped.append(" ".join(words))
-    return phrases + stripped
-
-
-def attribute_phrases(attribute_names: list[str], families: dict[str, list[int]]) -> list[list[str]]:
-    """The phrases that state each attribute in a caption, (A lists), lower case.
-
-    Scene-world object attributes (their family is one of `vocabulary.FAMILIES` and the column's
-    position in the family gives the value word): the value word ("red", "striped") plus the caption
-    synonyms of `pipeline.data.captions` ("stripy", "on a lawn" and "lawn"). Any other attribute: its
-    full name plus each of its words that occurs in no other attribute name ("red body" -> "red body",
-    "red"; "tree" -> "tree").
-    """
-    known = {family.name: family for family in FAMILIES}
-    family_of: dict[int, tuple[str, int]] = {}
-    for family_name, columns in families.items():
-        for position, column in enumerate(columns):
-            if not 0 <= column < len(attribute_names):
-                raise ValueError(f"families[{family_name!r}]: column {column} outside 0..{len(attribute_names) - 1}")
-            family_of[column] = (family_name, position)
-    word_sets = [set(tokenize_words(name)) for name in attribute_names]
-    phrases: list[list[str]] = []
-    for j, name in enumerate(attribute_names):
-        family_name, position = family_of.get(j, ("", -1))
-        family = known.get(family_name)
-        if family is not None and position < len(family.values) and name == family.phrases[position]:
-            value = family.values[position]
-            candidates = [value] + _scene_synonyms(family_name, value)
-        else:
-            others = set().union(*(word_sets[i] for i in range(len(attribute_names)) if i != j))
-            candidates = [name] + [word for word in tokenize_words(name) if word not in others]
-        unique = list(dict.fromkeys(" ".join(tokenize_words(c)) for c in candidates))
-        phrases.append([p for p in unique if p])
-    return phrases
+def normalise_phrases(phrases: list[list[str]], n_attributes: int) -> list[list[str]]:
+    """Each attribute's phrases as space-joined lower-case words (`pipeline.data.phrases.words`), duplicates and
+    empty phrases dropped; a clear error unless there is one list of strings per attribute."""
+    if not isinstance(phrases, (list, tuple)) or len(phrases) != n_attributes:
+        raise ValueError(f"phrases: expected one list of phrases per attribute ({n_attributes}), got {len(phrases) if isinstance(phrases, (list, tuple)) else type(phrases).__name__}")
+    out = []
+    for j, options in enumerate(phrases):
+        if isinstance(options, str) or not all(isinstance(p, str) for p in options):
+            raise TypeError(f"phrases[{j}]: expected a list of strings")
+        out.append([p for p in dict.fromkeys(" ".join(words(p)) for p in options) if p])
+    return out
 
 
 def stated_attributes(captions: list[str], phrases: list[list[str]]) -> np.ndarray:
@@ -203,11 +152,11 @@ def stated_attributes(captions: list[str], phrases: list[list[str]]) -> np.ndarr
     longest = max(len(key) for key in table)
     out = np.zeros((len(captions), len(phrases)), dtype=bool)
     for i, caption in enumerate(captions):  # text parsing is inherently per caption
-        words = tokenize_words(caption)
+        tokens = words(caption)
         position = 0
-        while position < len(words):
-            for length in range(min(longest, len(words) - position), 0, -1):
-                hit = table.get(tuple(words[position:position + length]))
+        while position < len(tokens):
+            for length in range(min(longest, len(tokens) - position), 0, -1):
+                hit = table.get(tuple(tokens[position:position + length]))
                 if hit is not None:
                     out[i, hit] = True
                     position += length
@@ -228,21 +177,17 @@ def check_captions(captions: list[str]) -> None:
         raise TypeError(f"captions[{bad}]: expected a string, got {type(captions[bad]).__name__}")
 
 
-def describes_image_rate(
-    captions: list[str], attributes: np.ndarray, attribute_names: list[str], families: dict[str, list[int]]
-) -> CaptionJudgement:
+def describes_image_rate(captions: list[str], attributes: np.ndarray, attribute_names: list[str], phrases: list[list[str]]) -> CaptionJudgement:
     """How often a caption describes its image: it states >= 1 attribute and all it states is true.
 
     captions: n generated captions; attributes: bool (n, A) ground truth of the images;
-    attribute_names: A names; families: family -> columns (`SceneSet.families`), used to find the
-    scene world's caption words for each attribute (see `attribute_phrases`).
+    attribute_names: A names; phrases: per attribute, the phrases that state it in a caption (the dataset's
+    knowledge: `pipeline.data.phrases`, recorded in the dataset's meta.json).
     Returns the rate and the per-caption counts (`CaptionJudgement`).
     """
     check_captions(captions)
     attributes, names = _check_attributes(attributes, attribute_names, len(captions))
-    if not isinstance(families, dict):
-        raise TypeError(f"families: expected a dict family -> columns, got {type(families).__name__}")
-    stated_matrix = stated_attributes(list(captions), attribute_phrases(names, families))
+    stated_matrix = stated_attributes(list(captions), normalise_phrases(phrases, len(names)))
     stated = stated_matrix.sum(1).astype(np.int64)
     correct = (stated_matrix & attributes).sum(1).astype(np.int64)
     describes = (stated > 0) & (correct == stated)

@@ -1,4 +1,4 @@
-"""Evaluation metrics: pure numpy/scikit-learn functions, no I/O, no torch.
+"""Evaluation metrics: pure numpy/scikit-learn functions, no I/O, no torch, nothing else of this project.
 
 Modules (import them directly; this package imports nothing heavy on purpose):
 
@@ -8,6 +8,7 @@ Modules (import them directly; this package imports nothing heavy on purpose):
 - `fms`: Feature Monosemanticity Score (decision trees on codes per concept).
 - `matching`: one-to-one matching and FBMP coalitions of binarised latents to attributes; MATCHScore.
 - `tapas`: TAPAScore and Delta-stay on paired (edited) images.
+- `recovery`: axis recovery of a planted basis.
 
-Definitions follow SPEC.md sections B and C.
+Definitions are in docs/science.md.
 """

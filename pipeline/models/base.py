@@ -12,6 +12,10 @@ Conventions
   `latents()` for matching and naming.
 - `progress` in [0, 1] is the fraction of the planned training steps already done; it
   drives curricula (CEDAR's dense-to-sparse k) without the model knowing the loop.
+- Options: each class declares its keyword options as a nested `Options` settings dataclass
+  (`pipeline.settings`); a subclass's `Options` extends its parent's. `build(method, ..., **options)`
+  validates them through it, `model.options` holds the instance, and a checkpoint stores
+  `dataclasses.asdict(model.options)`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any, Callable, ClassVar, TypeVar
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from pipeline.settings import settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,19 +60,26 @@ def array_io(method: F) -> F:
 
 
 class SparseModel(nn.Module):
-    """Base class. Subclasses set `method`, `signed`, and implement encode/decode/training_loss."""
+    """Base class. Subclasses set `method`, `signed`, their `Options`, and implement encode/decode/training_loss."""
 
     method: ClassVar[str] = ""
     signed: ClassVar[bool] = False
     trainable: ClassVar[bool] = True
+    #: training progress at which a curriculum reaches its target (0: the model has none; see CEDAR)
+    curriculum_end: float = 0.0
 
-    def __init__(self, d: int, n_latents: int, k: int) -> None:
+    @settings
+    class Options:
+        """No options."""
+
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__()
         if d < 1 or n_latents < 1 or not 1 <= k <= n_latents:
             raise ValueError(f"{self.method}: need d >= 1, n_latents >= 1, 1 <= k <= n_latents; got d={d}, n_latents={n_latents}, k={k}")
         self.d = int(d)
         self.n_latents = int(n_latents)
         self.k = int(k)
+        self.options = self.Options(**options)
 
     # --- the interface -------------------------------------------------------------
     def fit_init(self, x: Tensor) -> None:
@@ -99,10 +112,6 @@ class SparseModel(nn.Module):
         sparsity is steered towards k during training (ReLU/JumpReLU with a target L0) refuse
         epochs that reached a low FVU only by being denser than asked."""
         return True
-
-    def options(self) -> dict[str, Any]:
-        """JSON-able constructor keyword options (besides d, n_latents, k) to rebuild the model."""
-        return {}
 
     # --- shared helpers ------------------------------------------------------------
     def check_input(self, x: Tensor) -> None:

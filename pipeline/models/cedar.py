@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from pipeline.models.rotations import RotationModel
+from pipeline.settings import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, settings
 
 Parametrization = Literal["expm", "cayley", "householder"]
 CurriculumShape = Literal["linear", "cosine", "exponential"]
@@ -115,7 +115,7 @@ def sample_k(k_current: int, mode: RandomK, k_min: float, generator: torch.Gener
 class Cedar(RotationModel):
     """CEDAR: learned rotation U = orth(A) with a top-k-abs bottleneck; signed codes, n_latents = d.
 
-    Options (keyword-only; all have defaults and are validated by params.yaml through this signature):
+    Options (`Cedar.Options`; all have defaults):
     - `parametrization` ("expm"): the orthogonal map A -> U. "expm" = matrix_exp(A - A^T), the
       paper's map, exact and complete but O(d^3) with an expensive backward (torch
       differentiates it through a 2d x 2d matrix_exp). "cayley" and "householder" are exactly
@@ -152,60 +152,29 @@ class Cedar(RotationModel):
     method = "cedar"
     trainable = True
 
-    def __init__(
-        self,
-        d: int,
-        n_latents: int,
-        k: int,
-        *,
-        parametrization: Parametrization = "expm",
-        init: Literal["identity", "random"] = "identity",
-        init_scale: float = 0.8,
-        k_start: int = 0,
-        curriculum_frac: float = 0.5,
-        curriculum_shape: CurriculumShape = "exponential",
-        random_k: RandomK = "uniform",
-        random_k_min: float = 0.5,
-    ) -> None:
-        super().__init__(d, n_latents, k)
-        checks = [
-            (parametrization in ORTHOGONAL_MAPS, f"parametrization must be one of {sorted(ORTHOGONAL_MAPS)}, got {parametrization!r}"),
-            (init in ("identity", "random"), f"init must be 'identity' or 'random', got {init!r}"),
-            (init_scale >= 0 and math.isfinite(init_scale), f"init_scale must be finite and >= 0, got {init_scale}"),
-            (k_start == 0 or k <= k_start <= d, f"k_start must be 0 (= d) or in k..d = {k}..{d}, got {k_start}"),
-            (0 <= curriculum_frac <= 1, f"curriculum_frac must be in [0, 1], got {curriculum_frac}"),
-            (curriculum_shape in ("linear", "cosine", "exponential"), f"curriculum_shape must be linear, cosine or exponential, got {curriculum_shape!r}"),
-            (random_k in ("none", "uniform", "loguniform"), f"random_k must be none, uniform or loguniform, got {random_k!r}"),
-            (random_k_min > 0 and math.isfinite(random_k_min), f"random_k_min must be > 0 (a fraction below 1 or an absolute k), got {random_k_min}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"cedar: {message}")
-        self.parametrization: Parametrization = parametrization
-        self.init = init
-        self.init_scale = float(init_scale)
-        self.k_start = int(k_start)
-        self.curriculum_frac = float(curriculum_frac)
-        self.curriculum_shape: CurriculumShape = curriculum_shape
-        self.random_k: RandomK = random_k
-        self.random_k_min = float(random_k_min)
-        self.A = nn.Parameter(torch.zeros(d, d))
-        if init == "random":
-            with torch.no_grad():
-                self.A.normal_(0.0, self.init_scale / math.sqrt(d))
-        self._cache: tuple[tuple[Any, ...], Tensor] | None = None
+    @settings
+    class Options:
+        """See the class docstring."""
 
-    def options(self) -> dict[str, Any]:
-        return {
-            "parametrization": self.parametrization,
-            "init": self.init,
-            "init_scale": self.init_scale,
-            "k_start": self.k_start,
-            "curriculum_frac": self.curriculum_frac,
-            "curriculum_shape": self.curriculum_shape,
-            "random_k": self.random_k,
-            "random_k_min": self.random_k_min,
-        }
+        parametrization: Parametrization = "expm"
+        init: Literal["identity", "random"] = "identity"
+        init_scale: NonNegativeFloat = 0.8
+        k_start: NonNegativeInt = 0
+        curriculum_frac: Fraction = 0.5
+        curriculum_shape: CurriculumShape = "exponential"
+        random_k: RandomK = "uniform"
+        random_k_min: PositiveFloat = 0.5
+
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
+        opts = self.options
+        if not (opts.k_start == 0 or k <= opts.k_start <= d):
+            raise ValueError(f"cedar: k_start must be 0 (= d) or in k..d = {k}..{d}, got {opts.k_start}")
+        self.A = nn.Parameter(torch.zeros(d, d))
+        if opts.init == "random":
+            with torch.no_grad():
+                self.A.normal_(0.0, opts.init_scale / math.sqrt(d))
+        self._cache: tuple[tuple[Any, ...], Tensor] | None = None
 
     # --- the rotation -----------------------------------------------------------------
     def rotation_matrix(self) -> Tensor:
@@ -217,10 +186,10 @@ class Cedar(RotationModel):
         `.to()` all change. (Writing through `A.data` bypasses the counter; don't.)
         """
         if torch.is_grad_enabled():
-            return ORTHOGONAL_MAPS[self.parametrization](self.A)
+            return ORTHOGONAL_MAPS[self.options.parametrization](self.A)
         key = (self.A._version, self.A.data_ptr(), self.A.device, self.A.dtype)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, ORTHOGONAL_MAPS[self.parametrization](self.A).detach())
+            self._cache = (key, ORTHOGONAL_MAPS[self.options.parametrization](self.A).detach())
         return self._cache[1]
 
     def train(self, mode: bool = True) -> "Cedar":
@@ -231,17 +200,17 @@ class Cedar(RotationModel):
     @property
     def k_begin(self) -> int:
         """The curriculum's starting k (k_start, with 0 meaning d)."""
-        return self.k_start or self.d
+        return self.options.k_start or self.d
 
     @property
-    def curriculum_end(self) -> float:
+    def curriculum_end(self) -> float:  # type: ignore[override]
         """Training progress at which k reaches its target. Validation FVU at the target k says
         little before that, so early stopping should not count epochs before it."""
-        return self.curriculum_frac
+        return self.options.curriculum_frac
 
     def curriculum_k(self, progress: float) -> int:
         """The curriculum value of k at `progress` in [0, 1] (see `curriculum_k`)."""
-        return curriculum_k(progress, self.k, self.k_begin, self.curriculum_frac, self.curriculum_shape)
+        return curriculum_k(progress, self.k, self.k_begin, self.options.curriculum_frac, self.options.curriculum_shape)
 
     def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
         """Mean L1 reconstruction loss at this batch's k; U computed once.
@@ -250,40 +219,7 @@ class Cedar(RotationModel):
         """
         x = self._prepare(x)
         k_current = self.curriculum_k(progress)
-        k = sample_k(k_current, self.random_k, self.random_k_min, generator)
+        k = sample_k(k_current, self.options.random_k, self.options.random_k_min, generator)
         loss, _ = self._loss(x, self.rotation_matrix(), k)
         return loss, {"l0": torch.tensor(float(k)), "k_curriculum": torch.tensor(float(k_current)), "l1": loss.detach()}
 
-
-#: default learning rate of `fit`. Adam moves each entry of A by about lr per step; the shared
-#: SAE default (5e-4) leaves U near its start on the planted benchmark (axis recovery 0.38 at
-#: d = 64 after 20 epochs); 3e-3 to 1e-2 recovers it (exploratory runs in the setting of
-#: bench/bench_planted.py, which uses this default).
-DEFAULT_LR = 1e-2
-
-
-def fit(x: np.ndarray, k: int, seed: int = 0, **schedule: Any) -> Cedar:
-    """Train a CEDAR on an in-memory float array x (n, d) and return it (eval mode).
-
-    `schedule` takes Cedar options (parametrization, curriculum_frac, ...) and TrainSettings
-    fields (epochs, lr, batch_size, ...), in one flat namespace; `seed` seeds both the model
-    init and the training loop. Runs `pipeline.train.fit_array`, the same loop as the stage.
-    Default that differs from TrainSettings: lr = DEFAULT_LR (1e-2). Early-stopping patience only
-    counts once the curriculum has reached the target k (the loop reads `curriculum_end`).
-    """
-    import inspect
-
-    from pipeline.models import build
-    from pipeline.train import TrainSettings, fit_array, split_settings
-
-    x = np.asarray(x)
-    if x.ndim != 2 or x.shape[0] < 1:
-        raise ValueError(f"cedar.fit: x must be a non-empty 2-D array (n, d), got shape {x.shape}")
-    model_keys = {name for name, p in inspect.signature(Cedar.__init__).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    known = model_keys | (set(TrainSettings.__dataclass_fields__) - {"seed"})
-    unknown = sorted(set(schedule) - known)
-    if unknown:
-        raise ValueError(f"cedar.fit: unknown schedule keys {unknown}; known: {sorted(known)}")
-    options, settings = split_settings({"lr": DEFAULT_LR, **schedule, "seed": seed})
-    model = build("cedar", d=x.shape[1], dict_size=x.shape[1], k=k, seed=seed, **options)
-    return fit_array(model, x, settings).model  # type: ignore[return-value]

@@ -7,6 +7,7 @@ Layout of a checkpoint directory:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ def model_config(model: SparseModel, provenance: dict[str, Any] | None = None) -
         "d": model.d,
         "n_latents": model.n_latents,
         "k": model.k,
-        "options": model.options(),
+        "options": dataclasses.asdict(model.options),
         "provenance": provenance or {},
     }
 

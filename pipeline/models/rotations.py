@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pipeline.models.base import SparseModel, array_io
+from pipeline.settings import PositiveFloat, PositiveInt, settings
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +49,6 @@ def topk_abs(z: Tensor, k: int) -> Tensor:
     index = z.abs().topk(k, dim=1, sorted=False).indices
     mask = torch.zeros_like(z, dtype=torch.bool).scatter_(1, index, True)
     return z * mask
-
-
-def haar_orthogonal(d: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed (uniformly random) orthogonal matrix (d, d), float64.
-
-    QR of a standard Gaussian matrix, with the signs of R's diagonal moved into Q: without
-    that fix Q is orthogonal but not uniformly distributed.
-    """
-    q, r = np.linalg.qr(rng.standard_normal((d, d)))
-    return q * np.sign(np.diag(r))[None, :]
 
 
 def orthogonal_polar_factor(m: np.ndarray) -> np.ndarray:
@@ -85,10 +76,10 @@ class RotationModel(SparseModel):
     signed = True
     trainable = False
 
-    def __init__(self, d: int, n_latents: int, k: int) -> None:
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         if n_latents != d:
             raise ValueError(f"{self.method}: a rotation has n_latents = d; got n_latents={n_latents}, d={d}")
-        super().__init__(d, n_latents, k)
+        super().__init__(d, n_latents, k, **options)
         self.register_buffer("b", torch.zeros(d))
 
     # --- what a subclass provides -----------------------------------------------
@@ -213,8 +204,8 @@ class FixedRotation(RotationModel):
     known basis such as the planted one in `pipeline.models.planted`.
     """
 
-    def __init__(self, d: int, n_latents: int, k: int) -> None:
-        super().__init__(d, n_latents, k)
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
         self.register_buffer("basis", torch.eye(d))
 
     def rotation_matrix(self) -> Tensor:
@@ -288,42 +279,26 @@ class ICABasis(FixedRotation):
     with the remaining principal axes. Rows are then ordered by descending variance of the
     rotated sample, signs fixed as in PCA. Needs n >= d rows.
 
-    Options:
-    - `fun` ("logcosh"): FastICA's contrast function; logcosh is the robust general choice,
-      "exp" suits very super-Gaussian (sparse) sources, "cube" is kurtosis.
-    - `max_iter` (400): FastICA iterations; non-convergence is logged, not fatal (polar(W)
-      keeps the basis orthogonal anyway).
-    - `tol` (1e-4): FastICA's convergence tolerance (sklearn's default).
     The FastICA random start is drawn from torch's RNG at construction, so `build(..., seed)`
     decides it.
     """
 
     method = "ica"
 
-    def __init__(
-        self,
-        d: int,
-        n_latents: int,
-        k: int,
-        *,
-        fun: Literal["logcosh", "exp", "cube"] = "logcosh",
-        max_iter: int = 400,
-        tol: float = 1e-4,
-    ) -> None:
-        super().__init__(d, n_latents, k)
-        if fun not in ("logcosh", "exp", "cube"):
-            raise ValueError(f"ica: fun must be 'logcosh', 'exp' or 'cube', got {fun!r}")
-        if max_iter < 1:
-            raise ValueError(f"ica: max_iter must be >= 1, got {max_iter}")
-        if not tol > 0:
-            raise ValueError(f"ica: tol must be > 0, got {tol}")
-        self.fun = fun
-        self.max_iter = int(max_iter)
-        self.tol = float(tol)
-        self._ica_seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    @settings
+    class Options:
+        """fun: FastICA's contrast function; logcosh is the robust general choice, "exp" suits very
+        super-Gaussian (sparse) sources, "cube" is kurtosis. max_iter: FastICA iterations; non-convergence is
+        logged, not fatal (the polar factor keeps the basis orthogonal anyway). tol: FastICA's convergence
+        tolerance (scikit-learn's default)."""
 
-    def options(self) -> dict[str, object]:
-        return {"fun": self.fun, "max_iter": self.max_iter, "tol": self.tol}
+        fun: Literal["logcosh", "exp", "cube"] = "logcosh"
+        max_iter: PositiveInt = 400
+        tol: PositiveFloat = 1e-4
+
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
+        self._ica_seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
 
     def min_fit_rows(self) -> int:
         return self.d
@@ -339,12 +314,13 @@ class ICABasis(FixedRotation):
         from sklearn.decomposition import FastICA  # imported here: sklearn costs ~1.3 s, and only ICA needs it
         from sklearn.exceptions import ConvergenceWarning
 
-        ica = FastICA(n_components=rank, whiten=False, fun=self.fun, max_iter=self.max_iter, tol=self.tol, random_state=self._ica_seed)
+        opts = self.options
+        ica = FastICA(n_components=rank, whiten=False, fun=opts.fun, max_iter=opts.max_iter, tol=opts.tol, random_state=self._ica_seed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             ica.fit(whitened)
         if any(issubclass(w.category, ConvergenceWarning) for w in caught):
-            log.warning("ica: FastICA did not converge in %d iterations (tol %g); using the orthogonal polar factor of its last iterate", self.max_iter, self.tol)
+            log.warning("ica: FastICA did not converge in %d iterations (tol %g); using the orthogonal polar factor of its last iterate", opts.max_iter, opts.tol)
         rotation = np.concatenate([orthogonal_polar_factor(ica.components_) @ axes[:rank], axes[rank:]])
         spread = (centred @ rotation.T).var(axis=0)
         rotation = fix_signs(rotation[np.argsort(spread, kind="stable")[::-1]])
@@ -353,13 +329,16 @@ class ICABasis(FixedRotation):
 
 
 class RandomRotation(FixedRotation):
-    """U = a Haar-random orthogonal matrix, drawn at construction from torch's RNG (so the seed
-    given to `build` decides it; saved as the `basis` buffer). The control for "any rotation"."""
+    """U = a Haar-random orthogonal matrix (scipy's `ortho_group`), seeded at construction from torch's RNG (so
+    the seed given to `build` decides it; saved as the `basis` buffer). The control for "any rotation"."""
 
     method = "random_rotation"
 
-    def __init__(self, d: int, n_latents: int, k: int) -> None:
-        super().__init__(d, n_latents, k)
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
         seed = int(torch.randint(0, 2**62, (1,)).item())
         with torch.no_grad():
-            self.basis.copy_(torch.as_tensor(haar_orthogonal(d, np.random.default_rng(seed)), dtype=torch.float32))
+            from scipy.stats import ortho_group  # here: scipy.stats costs ~1 s to import
+
+            haar = np.asarray(ortho_group.rvs(d, random_state=np.random.default_rng(seed))).reshape(d, d)
+            self.basis.copy_(torch.as_tensor(haar, dtype=torch.float32))

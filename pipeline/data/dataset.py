@@ -1,0 +1,233 @@
+"""The on-disk dataset a `scenes`/data stage writes and later stages read.
+
+One dataset may hold several *kinds* of scene (e.g. CUB-like `objects` and COCO-like `multi`):
+their rows are stacked, their label columns side by side (an object attribute is simply false on
+a multi-object scene's row), and `source` says which kind each row is. Models train on all rows;
+concept metrics are computed per kind, on that kind's rows and columns only.
+
+Layout of a dataset directory (images as a uint8 zarr array, so extraction streams them in
+chunks; text as JSON, small):
+
+    images.zarr              uint8 (n, H, W, 3)
+    attributes.zarr          bool  (n, A)    binary attribute / category labels
+    split.zarr               int8  (n,)      0 train, 1 validation, 2 test
+    source.zarr              int8  (n,)      index into meta["kinds"]
+    meta.json                kinds (name -> columns, families), attribute_names, phrases (per attribute, the
+                             phrases that state it in a caption), captions, vocabulary, prompts, provenance
+    pairs/before.zarr        uint8 (p, H, W, 3)   intervention pairs of every kind (may be empty: p = 0)
+    pairs/after.zarr         uint8 (p, H, W, 3)
+    pairs/before_attributes.zarr, pairs/after_attributes.zarr   bool (p, A)
+    pairs/meta.json          kind, base_index (row in this dataset), family, removed, added
+                             (attribute columns of this dataset, -1 = none)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.store import Store, open_store, write_array
+
+SPLITS = {"train": 0, "val": 1, "test": 2}
+
+
+@dataclass
+class Pairs:
+    """Intervention pairs as stored: image stores plus per-pair metadata."""
+
+    before: Store
+    after: Store
+    before_attributes: np.ndarray  # bool (p, A)
+    after_attributes: np.ndarray  # bool (p, A)
+    base_index: np.ndarray  # int64 (p,) row of the base image in the dataset
+    family: list[str]
+    removed: np.ndarray  # int64 (p,)
+    added: np.ndarray  # int64 (p,), -1 = none
+    kind: list[str]
+
+    def __len__(self) -> int:
+        return len(self.base_index)
+
+    def of_kind(self, kind: str) -> np.ndarray:
+        """Indices (int64) of the pairs of one kind."""
+        return np.flatnonzero(np.asarray(self.kind) == kind)
+
+
+@dataclass
+class Dataset:
+    """A dataset directory opened for reading (arrays are read lazily)."""
+
+    root: Path
+    meta: dict[str, Any]
+
+    @property
+    def kinds(self) -> list[str]:
+        """Kinds of scene in this dataset, in row-block order."""
+        return list(self.meta["kinds"])
+
+    def columns(self, kind: str) -> list[int]:
+        """The attribute columns that label rows of `kind`."""
+        return self.meta["kinds"][kind]["columns"]
+
+    def families(self, kind: str) -> dict[str, list[int]]:
+        """Attribute families of `kind` (dataset column indices)."""
+        return self.meta["kinds"][kind]["families"]
+
+    def one_hot(self, kind: str) -> bool:
+        """Whether every family of `kind` is one-hot (one value per image): objects yes, multi-label no."""
+        return bool(self.meta["kinds"][kind]["one_hot"])
+
+    @property
+    def attribute_names(self) -> list[str]:
+        return self.meta["attribute_names"]
+
+    @property
+    def phrases(self) -> list[list[str]]:
+        """Per attribute column, the phrases that state it in a caption (`pipeline.data.phrases`)."""
+        return self.meta["phrases"]
+
+    @property
+    def captions(self) -> list[str]:
+        return self.meta["captions"]
+
+    @property
+    def vocabulary(self) -> list[str]:
+        return self.meta["vocabulary"]
+
+    @property
+    def prompts(self) -> dict[str, list[str]]:
+        return self.meta["prompts"]
+
+    @cached_property
+    def images(self) -> Store:
+        return open_store(self.root / "images.zarr")
+
+    @cached_property
+    def attributes(self) -> np.ndarray:
+        return open_store(self.root / "attributes.zarr").read().astype(bool)
+
+    @cached_property
+    def split(self) -> np.ndarray:
+        return open_store(self.root / "split.zarr").read().astype(np.int8)
+
+    @cached_property
+    def source(self) -> np.ndarray:
+        return open_store(self.root / "source.zarr").read().astype(np.int8)
+
+    def rows(self, split: str, kind: str | None = None) -> np.ndarray:
+        """Row indices (int64, ascending) of a split ('train', 'val', 'test'), optionally of one kind."""
+        selected = self.split == SPLITS[split]
+        if kind is not None:
+            selected &= self.source == self.kinds.index(kind)
+        return np.flatnonzero(selected)
+
+    @cached_property
+    def pairs(self) -> Pairs:
+        meta = json.loads((self.root / "pairs" / "meta.json").read_text())
+        return Pairs(
+            before=open_store(self.root / "pairs" / "before.zarr"),
+            after=open_store(self.root / "pairs" / "after.zarr"),
+            before_attributes=open_store(self.root / "pairs" / "before_attributes.zarr").read().astype(bool),
+            after_attributes=open_store(self.root / "pairs" / "after_attributes.zarr").read().astype(bool),
+            base_index=np.asarray(meta["base_index"], dtype=np.int64),
+            family=list(meta["family"]),
+            removed=np.asarray(meta["removed"], dtype=np.int64),
+            added=np.asarray(meta["added"], dtype=np.int64),
+            kind=list(meta["kind"]),
+        )
+
+
+def sample_rows(rows: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """A seeded subset of at most n of `rows`, sorted (so stores read it chunk by chunk). The same
+    (rows, n, seed) always gives the same subset: the train stage and the untrained twin in the
+    evaluate stage initialise from identical samples this way."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(rows, size=min(n, len(rows)), replace=False))
+
+
+def open_dataset(root: str | Path) -> Dataset:
+    """Open a dataset directory; a clear error if it is missing or incomplete."""
+    root = Path(root)
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{root}: not a dataset directory (no meta.json); run the scenes stage first")
+    return Dataset(root, json.loads(meta_path.read_text()))
+
+
+def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str], prompts: dict[str, list[str]],
+                  phrases: Callable[[list[str]], list[list[str]]], provenance: dict[str, Any]) -> None:
+    """Write (SceneSet, PairSet) parts (pipeline.data.world.scenes, or a real dataset's tables), one per kind,
+    stacked into `root`.
+
+    Row blocks follow `parts` order; label columns are the parts' columns side by side, so each
+    part's attribute, family and pair indices are shifted by the columns before it. phrases: the source's rule
+    for the phrases that state each attribute in a caption (`pipeline.data.phrases`), applied to every name.
+    """
+    if not parts:
+        raise ValueError("write_dataset: no scene sets given")
+    root.mkdir(parents=True, exist_ok=True)
+    fp = {"provenance": provenance}
+    n_total = sum(len(s.images) for s, _ in parts)
+    a_total = sum(s.attributes.shape[1] for s, _ in parts)
+    attributes = np.zeros((n_total, a_total), dtype=bool)
+    before_attr = np.zeros((sum(len(p.base_index) for _, p in parts), a_total), dtype=bool)
+    after_attr = np.zeros_like(before_attr)
+    kinds: dict[str, Any] = {}
+    names: list[str] = []
+    pair_meta: dict[str, list[Any]] = {"kind": [], "base_index": [], "family": [], "removed": [], "added": []}
+    row = col = pair = 0
+    for scenes, pairs in parts:
+        n, a, p = len(scenes.images), scenes.attributes.shape[1], len(pairs.base_index)
+        attributes[row : row + n, col : col + a] = scenes.attributes
+        before_attr[pair : pair + p, col : col + a] = pairs.before_attributes
+        after_attr[pair : pair + p, col : col + a] = pairs.after_attributes
+        one_hot = bool(scenes.attributes.size) and all((scenes.attributes[:, c].sum(axis=1) == 1).all() for c in scenes.families.values())
+        kinds[scenes.kind] = {
+            "columns": list(range(col, col + a)),
+            "families": {f: [int(c) + col for c in cols] for f, cols in scenes.families.items()},
+            "one_hot": one_hot,
+            "n": n,
+        }
+        names.extend(scenes.attribute_names)
+        pair_meta["kind"] += [scenes.kind] * p
+        pair_meta["base_index"] += (np.asarray(pairs.base_index) + row).tolist()
+        pair_meta["family"] += list(pairs.family)
+        pair_meta["removed"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.removed)]
+        pair_meta["added"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.added)]
+        row, col, pair = row + n, col + a, pair + p
+    write_array(root / "images.zarr", np.concatenate([s.images for s, _ in parts]), fingerprint=fp)
+    write_array(root / "attributes.zarr", attributes, fingerprint=fp)
+    write_array(root / "split.zarr", np.concatenate([s.split for s, _ in parts]).astype(np.int8), fingerprint=fp)
+    write_array(root / "source.zarr", np.concatenate([np.full(len(s.images), i, np.int8) for i, (s, _) in enumerate(parts)]), fingerprint=fp)
+    (root / "pairs").mkdir(exist_ok=True)
+    write_array(root / "pairs" / "before.zarr", np.concatenate([p.before for _, p in parts]), fingerprint=fp)
+    write_array(root / "pairs" / "after.zarr", np.concatenate([p.after for _, p in parts]), fingerprint=fp)
+    write_array(root / "pairs" / "before_attributes.zarr", before_attr, fingerprint=fp)
+    write_array(root / "pairs" / "after_attributes.zarr", after_attr, fingerprint=fp)
+    write_array(root / "pairs" / "edit_mask.zarr", np.concatenate([p.edit_mask for _, p in parts]).astype(bool), fingerprint=fp)
+    (root / "pairs" / "meta.json").write_text(json.dumps(pair_meta))
+    meta = {
+        "kinds": kinds,
+        "n": int(n_total),
+        "image_size": int(parts[0][0].images.shape[1]),
+        "attribute_names": names,
+        "phrases": phrases(names),
+        "captions": [c for s, _ in parts for c in s.captions],
+        "vocabulary": list(vocabulary),
+        "prompts": prompts,
+        "provenance": provenance,
+    }
+    (root / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def edit_text(attribute_names: list[str], removed: int, added: int) -> str:
+    """An intervention pair's edit in words: "red body → blue body", or "tree removed" (added = -1)."""
+    if not 0 <= removed < len(attribute_names) or not -1 <= added < len(attribute_names):
+        raise ValueError(f"removed/added: expected attribute columns in 0..{len(attribute_names) - 1} (added may be -1), got {removed}, {added}")
+    return f"{attribute_names[removed]} → {attribute_names[added]}" if added >= 0 else f"{attribute_names[removed]} removed"

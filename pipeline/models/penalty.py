@@ -1,0 +1,279 @@
+"""The penalty SAEs (SPEC section D): ReLU (L1) and JumpReLU (L0), whose sparsity comes from a coefficient
+instead of a k, with the controller that steers the coefficient so that the mean L0 approaches the run's k.
+
+What `k` means here: ReLU and JumpReLU have no k in their sparsifier. By default (`target_l0=True`) the
+coefficient is a buffer `penalty_coef` (saved in checkpoints) that a multiplicative controller adapts after
+every training step so that the mean L0 approaches k (`l0_control_step`), the way practitioners tune the
+penalty to a target L0; every method of the sweep's grid then lands near mean L0 = k and FVU-vs-K points are
+comparable across methods. `target_l0=False` keeps the coefficient fixed at its initial value (`l1_coef`,
+`l0_coef`). `encode`'s k is ignored at inference (still range-checked): k acts in training only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pipeline.models.sae import SAE, column_quantile, sq_error
+from pipeline.settings import Bool, NonNegativeFloat, PositiveFloat, settings
+
+#: the adaptive penalty coefficient (ReLU, JumpReLU with `target_l0`) stays within this factor of
+#: its initial value, both ways: no runaway to 0 (from which a multiplicative update never returns)
+#: or to infinity when the target L0 cannot be reached.
+PENALTY_COEF_RANGE = 1e4
+
+
+def l0_control_step(coef: Tensor, l0: Tensor, k: int, rate: float, low: float, high: float) -> Tensor:
+    """One step of the L0 controller: coef * exp(rate * e), e = clip(l0 / k - 1, -1, 1), clamped to
+    [low, high]. Raises the penalty when the batch's mean L0 is above the target k, lowers it when
+    below; the clip bounds one step's change to a factor exp(+-rate) (e >= -1 anyway), so a large
+    initial L0 (an untrained ReLU SAE fires on about half its latents) cannot blow the coefficient
+    up faster than the model can respond. No gradient: a plain function of detached values."""
+    error = (l0.detach().to(coef.dtype) / k - 1.0).clamp(-1.0, 1.0)
+    return (coef * torch.exp(rate * error)).clamp(low, high)
+
+
+def rectangle(u: Tensor) -> Tensor:
+    """The rectangle kernel K(u) = 1 for |u| < 1/2, else 0 (JumpReLU's pseudo-derivative kernel)."""
+    return ((u > -0.5) & (u < 0.5)).to(u.dtype)
+
+
+class JumpReLUFunction(torch.autograd.Function):
+    """y = z * H(z - theta), with the straight-through pseudo-derivatives of Rajamanoharan et al. (2024).
+
+    dy/dz = H(z - theta) (the true derivative); dy/dtheta = -(theta / eps) K((z - theta) / eps), the
+    rectangle-kernel estimate of the jump's effect (the true derivative is 0 almost everywhere).
+    z: (n, m); theta: (m,) positive; eps: the kernel bandwidth.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.bandwidth = bandwidth
+        return z * (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        z, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_z = grad * (z > theta).to(z.dtype)
+        grad_theta = (-(theta / eps) * rectangle((z - theta) / eps) * grad).sum(0)
+        return grad_z, grad_theta, None
+
+
+class StepFunction(torch.autograd.Function):
+    """H(z - theta) (the L0 count), pseudo-derivatives: d/dz = 0, d/dtheta = -(1 / eps) K((z - theta) / eps)."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.bandwidth = bandwidth
+        return (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        z, theta = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_theta = (-(1.0 / eps) * rectangle((z - theta) / eps) * grad).sum(0)
+        return torch.zeros_like(z), grad_theta, None
+
+
+
+# --- the penalty SAEs: ReLU and JumpReLU, with the L0 controller ---------------------------------------
+class PenaltySAE(SAE):
+    """Base of the SAEs whose sparsity comes from a penalty coefficient instead of a k (ReLU: L1,
+    JumpReLU: L0), with the optional controller that makes their `k` a target mean L0.
+
+    The coefficient in use is the buffer `penalty_coef` (0-d, saved in checkpoints), starting at
+    the initial coefficient (the subclass's `l1_coef` / `l0_coef` option). With `target_l0` on,
+    each `training_loss` call, after computing the loss with the current coefficient, updates it
+    from the batch's mean L0 with `l0_control_step` (rate `l0_control_rate`, relative error
+    clipped to [-1, 1], kept within a factor PENALTY_COEF_RANGE of the initial value); the loss
+    carries no gradient to it. Early stopping and best-epoch restore save and restore it with the
+    weights (it is in the state dict). With
+    `target_l0` off it never changes (the fixed-coefficient method).
+    """
+
+    #: an epoch counts as "at the target" when its validation L0 is within this factor of k
+    L0_TOLERANCE: float = 1.25
+
+    def acceptable(self, val_l0: float) -> bool:
+        return not self.options.target_l0 or val_l0 <= self.L0_TOLERANCE * self.k
+
+    #: the Options field holding the initial coefficient ("l1_coef" or "l0_coef")
+    coef_name: ClassVar[str] = ""
+
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
+        coef = float(getattr(self.options, self.coef_name))
+        if self.options.target_l0 and coef == 0:
+            raise ValueError(f"{self.method}: {self.coef_name} must be > 0 with target_l0 (the controller multiplies it)")
+        self._coef_bounds = (coef / PENALTY_COEF_RANGE, coef * PENALTY_COEF_RANGE)
+        self.register_buffer("penalty_coef", torch.tensor(coef))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # Checkpoints written before the controller existed have no `penalty_coef`: they were trained
+        # with the fixed initial coefficient, which is the buffer's value at construction.
+        state_dict.setdefault(prefix + "penalty_coef", self.penalty_coef.detach().clone())
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """The base loss (with the current coefficient), then one controller step when `target_l0`."""
+        used = self.penalty_coef.detach().clone()
+        loss, stats = super().training_loss(x, progress, generator)
+        stats["penalty_coef"] = used
+        if self.options.target_l0:
+            with torch.no_grad():
+                low, high = self._coef_bounds
+                self.penalty_coef.copy_(l0_control_step(self.penalty_coef, stats["l0"], self.k, self.options.l0_control_rate, low, high))
+        return loss, stats
+
+    def _coef(self) -> Tensor:
+        """The coefficient for this step's loss: a copy, as the buffer is updated in place after the forward pass."""
+        return self.penalty_coef.detach().clone()
+
+
+class ReLUSAE(PenaltySAE):
+    """ReLU SAE: codes = ReLU(pre-activations); loss = MSE + c * E[sum_i f_i ||d_i||], c = `penalty_coef`.
+
+    The L1 term weights each activation by its decoder row norm (Conerly et al. 2024), so the
+    penalty cannot be dodged by shrinking codes and growing atoms; with unit-norm atoms the
+    weight is 1 in value, but it stays in the graph as the method defines it.
+    ReLU has no k in its sparsifier (`encode`'s k is ignored); the sparsity comes from c. With a
+    fixed c every k of the sweep would train the same model at whatever L0 c happens to give,
+    not comparable with the TopK family's points at L0 = k. So by default (`target_l0`) c adapts
+    during training until the mean L0 is about k (see `PenaltySAE`, `l0_control_step`): the
+    ReLU point of the FVU-vs-K plot then sits at its own k like every other method's.
+
+    Options:
+    - `l1_coef` (0.05): the initial (with `target_l0`) or fixed L1 weight c against the
+      per-element MSE (about the FVU); with inputs of mean norm sqrt(d) an active code is
+      O(sqrt(d / L0)), so 0.05 gives moderate sparsity; raise it for sparser codes.
+    - `target_l0` (True): adapt c towards mean L0 = k; False keeps c = l1_coef (and a zero
+      initial `b_enc`, i.e. exactly the fixed-coefficient method).
+    - `l0_control_rate` (0.05): the controller's step; log c moves by at most this per step, so
+      c can change 10x in ~50 steps. Measured on planted data (d 16, 64 latents, k 4 and 12, lr
+      5e-4 to 5e-3, 420 steps): 0.02 - 0.1 all end with L0 within ~6 % of k, no oscillation.
+    - plus `bias_init`, `dead_steps` (see `SAE`).
+
+    With `target_l0`, `fit_init` also shifts `b_enc` so that each latent is positive on about a
+    k/n_latents fraction of the sample (about k active per row, as JumpReLU's thresholds start):
+    from a zero bias an untrained ReLU SAE fires on about half its latents, and pulling that down
+    to k takes the encoder most of a short run (measured: L0 still 2-6 k after 420 steps at lr
+    5e-4 to 1e-3), and the lagging response makes c overshoot (L0 swinging between ~0.2 k and
+    3 k at lr 5e-3). The untrained twin then has about k active per row too.
+    """
+
+    method = "relu"
+    coef_name = "l1_coef"
+
+    @settings
+    class Options(SAE.Options):
+        """See the class docstring."""
+
+        l1_coef: NonNegativeFloat = 0.05
+        target_l0: Bool = True
+        l0_control_rate: PositiveFloat = 0.05
+
+    def _init_sparsifier(self, pre: Tensor) -> None:
+        """With `target_l0`: shift `b_enc` so each latent is positive on about a k/n_latents fraction of
+        the sample (about k active per row), so the controller starts at its target instead of at the
+        ~n_latents/2 of a zero bias, a distance the encoder would need most of a short run to cover."""
+        if self.options.target_l0:
+            self.b_enc.sub_(column_quantile(pre, self.k))
+
+    def _sparsify(self, pre: Tensor, k: int) -> Tensor:
+        return F.relu(pre)
+
+    def _train_terms(self, xs: Tensor, pre: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        codes = F.relu(pre)
+        recon = self.decode_scaled(codes)
+        l1 = (codes * self.W_dec.norm(dim=1)).sum(1).mean()
+        return codes, recon, {"mse": sq_error(recon, xs), "l1": self._coef() * l1}
+
+
+
+# --- JumpReLU -----------------------------------------------------------------------------------
+class JumpReLUSAE(PenaltySAE):
+    """JumpReLU SAE (Rajamanoharan et al. 2024): codes = z * H(z - theta_i), theta_i = exp(log_threshold_i)
+    learnable per latent; loss = MSE + c * E[L0], c = `penalty_coef`.
+
+    The jump has no useful gradient, so the threshold learns through straight-through
+    pseudo-derivatives with a rectangle kernel (`JumpReLUFunction`, `StepFunction`): only
+    pre-activations within half a kernel width of a threshold move it. `fit_init` sets theta_i to
+    latent i's (1 - k/n_latents) quantile on the sample, so every latent fires on about a
+    k/n_latents fraction of rows (about k per row) from the start. Training then trades FVU
+    against c * L0: with a fixed c the L0 drifts to wherever c puts it, the same for every k of
+    the sweep, so the JumpReLU points would not be comparable with the TopK family's at L0 = k.
+    By default (`target_l0`) c adapts during training to keep the mean L0 about k (see
+    `PenaltySAE`, `l0_control_step`), as the paper tunes its coefficient to a target L0.
+    `encode`'s k is ignored. Thresholds move slowly (Adam moves log theta by about lr per step,
+    and only when a pre-activation falls in the kernel window): JumpReLU needs more steps or a
+    larger lr than TopK to settle.
+
+    Options:
+    - `l0_coef` (1e-3): the initial (with `target_l0`) or fixed L0 weight c against the
+      per-element MSE (about the FVU): a latent stays on for a row only if it lowers that row's
+      FVU by more than about c.
+    - `target_l0` (True): adapt c towards mean L0 = k; False keeps c = l0_coef.
+    - `l0_control_rate` (0.02): the controller's step; log c moves by at most this per step.
+      Smaller than ReLU's because L0 answers c more slowly here: c acts only on the thresholds,
+      through the kernel window, and Adam moves log theta by about lr per step, so a faster c
+      overshoots more (measured on planted data: 0.05 leaves L0 10-30 % off k where 0.02 is
+      within 10 %).
+    The penalty can only push L0 down: when the reconstruction itself lowers L0 (early in
+    training the thresholds rise while the encoder, started as the decoder transpose, overshoots),
+    the controller can only release it, and L0 returns to k as the encoder learns. And the
+    default c (1e-3) may be far below the value that binds on a given data set (on the planted
+    test data about 0.03 for k = 4): the controller then needs a few hundred steps to climb there
+    (log c gains at most `l0_control_rate` per step); a larger initial `l0_coef` shortens that.
+    - `bandwidth` (1e-3): the kernel width in the paper's units, inputs of unit mean squared
+      norm; this module's inputs have mean norm sqrt(d), so the width used on pre-activations is
+      `bandwidth * sqrt(d)` (`kernel_width`). That keeps the published 1e-3 meaning the same
+      fraction of the activation scale at every d.
+    - plus `bias_init`, `dead_steps` (see `SAE`).
+    """
+
+    method = "jumprelu"
+    coef_name = "l0_coef"
+
+    @settings
+    class Options(SAE.Options):
+        """See the class docstring."""
+
+        l0_coef: NonNegativeFloat = 1e-3
+        target_l0: Bool = True
+        l0_control_rate: PositiveFloat = 0.02
+        bandwidth: PositiveFloat = 1e-3
+
+    def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
+        super().__init__(d, n_latents, k, **options)
+        self.log_threshold = nn.Parameter(torch.full((n_latents,), math.log(0.1)))
+
+    @property
+    def threshold(self) -> Tensor:
+        """(n_latents,) positive thresholds theta = exp(log_threshold), scaled space."""
+        return self.log_threshold.exp()
+
+    @property
+    def kernel_width(self) -> float:
+        """Rectangle-kernel width on the scaled pre-activations: bandwidth * sqrt(d)."""
+        return self.options.bandwidth * math.sqrt(self.d)
+
+    def _init_sparsifier(self, pre: Tensor) -> None:
+        self.log_threshold.copy_(column_quantile(pre, self.k).clamp_min(self.kernel_width).log())
+
+    def _sparsify(self, pre: Tensor, k: int) -> Tensor:
+        return JumpReLUFunction.apply(pre, self.threshold, self.kernel_width)
+
+    def _train_terms(self, xs: Tensor, pre: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        theta = self.threshold
+        codes = JumpReLUFunction.apply(pre, theta, self.kernel_width)
+        recon = self.decode_scaled(codes)
+        l0 = StepFunction.apply(pre, theta, self.kernel_width).sum(1).mean()
+        return codes, recon, {"mse": sq_error(recon, xs), "l0_penalty": self._coef() * l0}
+

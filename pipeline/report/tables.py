@@ -1,0 +1,111 @@
+"""The report's tables, built from what the evaluate stages wrote (metrics.json, explain.json): no recomputation.
+
+- choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run), `best_run`;
+- the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pipeline.records import json_number
+
+#: the caption sources, in the order the report shows them
+SOURCES = ("dense", "sparse", "topk_original")
+
+
+# --- choosing runs -----------------------------------------------------------------------------
+def best_score(metrics: dict[str, Any]) -> float:
+    """The score that picks a method's best run: trained FBMP MATCHScore (beta 0.5, k 3) on `objects`
+    scenes, or on the first kind when the dataset has no objects; -inf when missing."""
+    concepts = metrics.get("concepts") or {}
+    kind = "objects" if "objects" in concepts else next(iter(concepts), None)
+    value = None if kind is None else (concepts[kind].get("trained") or {}).get("match_score")
+    return float("-inf") if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def best_runs(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """method -> name of its best run (highest `best_score`; ties: the first in `runs` order), methods in
+    order of first appearance. runs: metrics.json contents (keys "run", "method", "concepts")."""
+    best: dict[str, tuple[float, str]] = {}
+    for metrics in runs:
+        score = best_score(metrics)
+        method = metrics["method"]
+        if method not in best or score > best[method][0]:
+            best[method] = (score, metrics["run"])
+    return {method: name for method, (_, name) in best.items()}
+
+
+def best_run(runs: list[dict[str, Any]]) -> str:
+    """The name of the single best run over all methods (highest `best_score`; ties: first in order)."""
+    if not runs:
+        raise ValueError("runs: expected at least one evaluated run, got none")
+    scores = [best_score(m) for m in runs]
+    return runs[int(np.argmax(scores))]["run"]
+
+
+# --- the report's view of every run's explanations ------------------------------------------------
+def latent_browser(runs: list[dict[str, Any]], explains: dict[str, dict[str, Any]], best: dict[str, str]) -> list[dict[str, Any]]:
+    """One entry per method, for its best run: run, method, k, score (`best_score`), named, latents (the
+    explain.json list) and pairs (with the latents that switched). runs: metrics.json contents; explains:
+    run name -> explain.json content; best: method -> run name (`best_runs`)."""
+    metrics = {m["run"]: m for m in runs}
+    out = []
+    for method, name in best.items():
+        if name not in explains:
+            raise ValueError(f"explains: no explanations for run {name!r} (the best run of {method})")
+        e = explains[name]
+        out.append({"method": method, "run": name, "k": e["k"], "score": json_number(best_score(metrics[name])) if name in metrics else None,
+                    "named": e.get("named", True), "latents": e["latents"], "pairs": e["pairs"]})
+    return out
+
+
+def example_table(explains: dict[str, dict[str, Any]], best: dict[str, str]) -> list[dict[str, Any]]:
+    """The example images side by side across the methods' best runs.
+
+    Every run explains the same example rows (seeded, see `explain_rows`); the dense caption and concepts
+    do not depend on the run and are taken from the first. Returns per image: kind, row, truth,
+    attributes, dense_concepts, dense_caption, dense_describes and runs (method, run, k, concepts,
+    captions {sparse, topk_original}, describes {sparse, topk_original}), in the first run's order.
+    """
+    images: dict[tuple[str, int], dict[str, Any]] = {}
+    for method, name in best.items():
+        e = explains[name]
+        for example in e["examples"]:
+            key = (example["kind"], example["row"])
+            if key not in images:
+                images[key] = {"kind": example["kind"], "row": example["row"], "truth": example["truth"], "attributes": example["attributes"],
+                               "dense_concepts": example["dense_concepts"], "dense_caption": example["captions"]["dense"],
+                               "dense_describes": example["describes"]["dense"], "runs": []}
+            images[key]["runs"].append({"method": method, "run": name, "k": e["k"], "concepts": example["concepts"],
+                                        "captions": {s: example["captions"][s] for s in SOURCES[1:]},
+                                        "describes": {s: example["describes"][s] for s in SOURCES[1:]}})
+    return list(images.values())
+
+
+def rates_table(explains: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """kind -> one row per run: run, method, k, relevance (model / dense precision and recall, or None when
+    the kind is not scored), the "describes the image" rate of each source and (attribute_precision) the
+    fraction of stated attributes that are true, per source."""
+    table: dict[str, list[dict[str, Any]]] = {}
+    for e in explains:
+        for kind, rates in e["describes"].items():
+            rel = e["relevance"].get(kind)
+            table.setdefault(kind, []).append({
+                "run": e["run"], "method": e["method"], "k": e["k"], "n_images": rates["n_images"],
+                "relevance": None if rel is None else {"m": rel["m"], **{f"{source}_{metric}": rel[source][metric]
+                                                                         for source in ("model", "dense") for metric in ("precision", "recall")}},
+                **{source: rates[source] for source in SOURCES},
+                "attribute_precision": dict(rates.get("attribute_precision") or {}),
+            })
+    return table
+
+
+def report_images(browser: list[dict[str, Any]], examples: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The dataset rows (top-activating and example images) and pair indices the report shows, sorted."""
+    rows = {row for b in browser for latent in b["latents"] for row in latent["top_images"]} | {e["row"] for e in examples}
+    pairs = {p["pair"] for b in browser for p in b["pairs"]}
+    return sorted(rows), sorted(pairs)

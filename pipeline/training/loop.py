@@ -1,0 +1,265 @@
+"""One training loop for everything the pipeline trains: the sparse models, the embedded encoder, the caption decoder.
+
+The loop knows nothing about files or about what it trains. It needs
+
+- a module (`Trainable`) with `training_loss(batch, progress, generator) -> (loss, stats)` and two hooks,
+  `before_step()` (after backward, before the optimiser step: e.g. project decoder gradients) and
+  `after_step()` (e.g. renormalise a dictionary, clamp a temperature);
+- a `BatchSource`: a function of the epoch that yields the batches of one pass over the data (whatever
+  `training_loss` takes: an array, a tuple of tensors), in an order that depends only on (seed, epoch), so a
+  run resumed after a kill sees exactly the batches an uninterrupted run would;
+- `TrainSettings`, the loop's options (params.yaml `train:`, and the `train:` block of every trained
+  component).
+
+Per step: `loss, stats = module.training_loss(batch, progress, generator)`, backward, gradient-norm clipping,
+`before_step()`, AdamW step (weight decay on weight matrices only; with `weight_decay = 0` it is Adam), `after_step()`,
+then the learning-rate schedule (`pipeline.training.schedule.lr_factor`: linear warm-up, cosine decay to
+`min_lr_frac * lr`). `progress` in [0, 1] is the fraction of planned steps done (it drives curricula such as
+CEDAR's dense-to-sparse k without the module knowing the loop); `generator` is seeded per epoch for any
+randomness inside the loss.
+
+After each epoch an optional `Validation` runs. With a `monitor` key (lower is better) the loop keeps the best
+epoch's weights, stops after `patience` epochs without improvement and restores the best epoch at the end;
+`accept(record)` can refuse an epoch as "best" (e.g. an SAE denser than its target L0) and `patience_from` makes
+early epochs not count (before a curriculum has reached its target the monitored value need not improve).
+Epoch checkpoints go through two callbacks (`save_state`, `load_state`, see `pipeline.training.resume`).
+The global torch RNG is left as it was: the loop seeds a forked RNG with `seed` (dropout, sampling).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from pipeline.settings import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, settings
+from pipeline.training.device import Device, resolve_device
+from pipeline.training.schedule import lr_factor
+
+log = logging.getLogger(__name__)
+
+#: epoch -> iterator of batches covering the training data once (the order depends only on the seed and the epoch)
+BatchSource = Callable[[int], Iterator[Any]]
+
+
+@settings
+class TrainSettings:
+    """The loop's options, shared by every trained component (params.yaml `train:` for the sparse models, the
+    `train:` blocks of `encoder` and `captions`).
+
+    batch_size: rows per optimiser step. epochs: passes over the data. lr: peak learning rate (AdamW).
+    weight_decay: decoupled weight decay on weight matrices (0 = Adam). warmup_frac: fraction of the steps of
+    linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
+    norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
+    with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
+    initialisation sees (means, PCA, thresholds). device: "auto" (cuda when present), "cpu", "cuda[:i]", "mps".
+    Defaults follow the published SAE settings (Adam, lr 5e-4, batch 256).
+    """
+
+    batch_size: PositiveInt = 256
+    epochs: PositiveInt = 20
+    lr: PositiveFloat = 5e-4
+    weight_decay: NonNegativeFloat = 0.0
+    warmup_frac: Fraction = 0.05
+    min_lr_frac: Fraction = 0.1
+    grad_clip: NonNegativeFloat = 1.0
+    patience: PositiveInt = 3
+    init_samples: PositiveInt = 20_000
+    device: Device = "auto"
+
+
+class Trainable(Protocol):
+    """What the loop drives: an `nn.Module` with a loss and two step hooks."""
+
+    def training_loss(self, batch: Any, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
+        """Scalar loss of one batch and named detached statistics (averaged per epoch into the history)."""
+        ...
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Per-epoch validation: `run()` returns named numbers added to the epoch's history record.
+
+    monitor: the key whose lowest value marks the best epoch (None: keep the last epoch, no early stopping).
+    accept: whether an epoch's record may become the best one. patience_from: training progress after which
+    epochs without improvement count towards `TrainSettings.patience`.
+    """
+
+    run: Callable[[], dict[str, float]]
+    monitor: str | None = None
+    accept: Callable[[dict[str, float]], bool] = lambda record: True
+    patience_from: float = 0.0
+
+
+@dataclass
+class TrainState:
+    """What an epoch checkpoint holds besides the module and optimiser tensors."""
+
+    epoch: int = 0
+    step: int = 0
+    best_value: float = float("inf")
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    """The trained module (eval mode) and its per-epoch history; best_epoch is 1-based (-1: none was accepted)."""
+
+    module: nn.Module
+    history: list[dict[str, float]]
+    best_epoch: int
+    stopped_early: bool
+
+
+SaveState = Callable[[nn.Module, torch.optim.Optimizer, TrainState, dict[str, Tensor]], None]
+LoadState = Callable[[nn.Module, torch.optim.Optimizer], "tuple[TrainState, dict[str, Tensor]] | None"]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """A batch on `device`: numpy float arrays become float32 tensors, other arrays keep their dtype; tuples and
+    lists are converted element by element."""
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(batch))
+        return (tensor.float() if batch.dtype.kind == "f" else tensor).to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(part, device) for part in batch)
+    raise TypeError(f"batch: expected a tensor, a numpy array or a tuple of them, got {type(batch).__name__}")
+
+
+def make_optimizer(module: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+    """AdamW with weight decay on parameters of two or more dimensions only (biases, gains, scalars undecayed)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr)
+
+
+def fit(
+    module: nn.Module,
+    batches: BatchSource,
+    steps_per_epoch: int,
+    settings: TrainSettings,
+    seed: int,
+    validation: Validation | None = None,
+    save_state: SaveState | None = None,
+    load_state: LoadState | None = None,
+    name: str = "",
+) -> TrainResult:
+    """Train `module` (a `Trainable`) in place on `settings.device`; returns it in eval mode with its history.
+
+    steps_per_epoch: batches `batches(epoch)` yields (sizes the schedule). seed: seeds the forked torch RNG and the
+    per-epoch generators. save_state(module, optimizer, state, best_weights) runs after every epoch;
+    load_state(module, optimizer) restores both in place and returns (state, best_weights) to resume after that
+    epoch, or None.
+    """
+    name = name or type(module).__name__
+    device = resolve_device(settings.device)
+    module.to(device)
+    optimizer = make_optimizer(module, settings)
+    total = max(1, settings.epochs * steps_per_epoch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, settings.warmup_frac, settings.min_lr_frac))
+    best_weights = copy.deepcopy(module.state_dict())
+    state = TrainState()
+    resumed = load_state(module, optimizer) if load_state else None
+    if resumed is not None:
+        state, best_weights = resumed
+        log.info("%s: resuming after epoch %d", name, state.epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr * lr_factor(state.step, total, settings.warmup_frac, settings.min_lr_frac)
+        schedule.last_epoch = state.step
+    monitor = validation.monitor if validation is not None else None
+    stopped_early = False
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        generator = torch.Generator(device=device)
+        module.train()
+        for epoch in range(state.epoch, settings.epochs):
+            generator.manual_seed(seed * 1_000_003 + epoch)
+            record = _epoch(module, batches(epoch), steps_per_epoch, optimizer, schedule, settings, state, total, generator, device,
+                            f"{name} epoch {epoch + 1}/{settings.epochs}")
+            if validation is not None:
+                module.eval()
+                with torch.no_grad():
+                    record.update(validation.run())
+                module.train()
+            record = {"epoch": epoch + 1, **record}
+            state.history.append(record)
+            state.epoch = epoch + 1
+            log.info("%s epoch %d: %s", name, epoch + 1, ", ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
+            if monitor is not None:
+                assert validation is not None
+                if record[monitor] < state.best_value - 1e-6 and validation.accept(record):
+                    state.best_value, state.best_epoch, state.bad_epochs = record[monitor], epoch + 1, 0
+                    best_weights = copy.deepcopy(module.state_dict())
+                elif state.step / total >= validation.patience_from:
+                    state.bad_epochs += 1
+            if save_state:
+                save_state(module, optimizer, state, best_weights)
+            if monitor is not None and state.bad_epochs >= settings.patience:
+                stopped_early = True
+                log.info("%s: early stop after epoch %d (best %d)", name, epoch + 1, state.best_epoch)
+                break
+    if monitor is None:
+        state.best_epoch = state.epoch
+    elif state.best_epoch > 0 and state.best_epoch != state.epoch:
+        module.load_state_dict(best_weights)
+    elif state.best_epoch < 0:
+        log.warning("%s: no epoch was accepted by its validation; keeping the last one", name)
+    return TrainResult(module.eval(), state.history, state.best_epoch, stopped_early)
+
+
+def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: torch.optim.Optimizer, schedule: Any,
+           settings: TrainSettings, state: TrainState, total: int, generator: torch.Generator, device: torch.device,
+           desc: str) -> dict[str, float]:
+    """One pass over `batches`; returns the epoch means of the loss and stats ("train_<name>") and the last lr."""
+    sums: dict[str, Tensor] = {}  # summed on the device; read back once per epoch (and for the progress bar)
+    n_batches = 0
+    bar = tqdm(batches, total=steps, desc=desc, leave=False, disable=None)
+    for batch in bar:
+        loss, stats = module.training_loss(to_device(batch, device), min(1.0, state.step / total), generator)  # type: ignore[operator]
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{desc}: loss became {float(loss)} at step {state.step}; lower the learning rate")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.grad_clip)
+        module.before_step()  # type: ignore[operator]
+        optimizer.step()
+        module.after_step()  # type: ignore[operator]
+        schedule.step()
+        state.step += 1
+        n_batches += 1
+        for key, value in {"loss": loss, **stats}.items():
+            sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float()
+        if n_batches % 20 == 1:
+            bar.set_postfix({key: f"{float(value) / n_batches:.4g}" for key, value in sums.items()})
+    record = {f"train_{key}": float(value) / max(n_batches, 1) for key, value in sums.items()}
+    record["lr"] = float(optimizer.param_groups[0]["lr"])
+    return record
+
+
+def array_batches(x: np.ndarray, batch_size: int, seed: int) -> BatchSource:
+    """Shuffled mini-batches of an in-memory array (n, ...); the order depends only on (seed, epoch)."""
+
+    def batches(epoch: int) -> Iterator[np.ndarray]:
+        order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        for start in range(0, len(order), batch_size):
+            yield x[order[start : start + batch_size]]
+
+    return batches

@@ -1,0 +1,186 @@
+"""The `cedar` command: validate params, switch presets, run the Prefect flow, list runs, explain an image."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.config import ParamsError, load_params
+from pipeline.data.dataset import open_dataset
+from pipeline.data.images import load_image
+from pipeline.encoders.registry import open_encoder
+from pipeline.explain.decoder import decode_captions, load_decoder
+from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
+from pipeline.explain.run import latent_labels
+from pipeline.models.checkpoint import load_model
+from pipeline.paths import Layout
+from pipeline.report.tables import best_run
+from pipeline.store import StoreError, open_store
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("pipeline.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_text(name: str) -> str:
+    if name not in preset_names():
+        raise ParamsError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    return resources.files("pipeline.presets").joinpath(f"{name}.yaml").read_text()
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    print(f"{args.params}: ok ({len(params.cells())} grid cells, d = {params.d})")
+    return 0
+
+
+def cmd_preset(args: argparse.Namespace) -> int:
+    """Write a shipped preset over params.yaml; refuse to overwrite local edits without --force."""
+    text = preset_text(args.name)
+    target: Path = args.params
+    if target.exists() and not args.force:
+        current = target.read_text()
+        if current != text and current not in {preset_text(n) for n in preset_names()}:
+            print(f"error: {target} has local edits (it matches no shipped preset); use --force to overwrite", file=sys.stderr)
+            return 2
+    target.write_text(text)
+    print(f"{target}: now preset {args.name!r}")
+    return 0
+
+
+def cmd_flow(args: argparse.Namespace) -> int:
+    load_params(args.params)
+    from stages.flow import run_flow  # here: Prefect is slow to import, and only this command needs it
+
+    report = run_flow(str(args.params), str(args.root), workers=args.workers, dask_address=args.dask)
+    print(report)
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    layout = Layout(args.root)
+    print(f"{'run':<24} {'latents':>8} {'k':>4} {'FVU':>8} {'L0':>7} {'dead':>6}")
+    for cell in params.cells():
+        path = layout.run_metrics(cell.name)
+        if not path.is_file():
+            print(f"{cell.name:<24} {'(not evaluated)':>36}")
+            continue
+        m = json.loads(path.read_text())
+        t = m["trained"]
+        print(f"{cell.name:<24} {m['size']:>8} {m['k']:>4} {t['fvu']:>8.4f} {t['l0']:>7.2f} {t['dead_fraction']:>6.3f}")
+    return 0
+
+
+def choose_run(names: list[str], evaluated: list[dict], requested: str | None) -> str:
+    """The run to explain: `requested` if it is one of the grid's `names`, else the best evaluated run
+    (highest objects MATCHScore, `pipeline.report.tables.best_run`). One-line errors otherwise."""
+    if requested is not None:
+        if requested not in names:
+            raise ValueError(f"unknown run {requested!r}; known runs: {', '.join(names)}")
+        return requested
+    if not evaluated:
+        raise FileNotFoundError("no evaluated run under store/eval (run `dvc repro` first, or name one with --run)")
+    return best_run(evaluated)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Top concepts of one image under a run's model and the caption of its sparse reconstruction.
+
+    The image goes through the same path as the dataset's images (decoded and cropped to the dataset's image size,
+    `pipeline.data.images.load_image`) and then through the encoder the encoder stage left (any kind, through
+    `pipeline.encoders.registry.open_encoder`)."""
+    params = load_params(args.params)
+    layout = Layout(args.root)
+    names = [cell.name for cell in params.cells()]
+    evaluated = [json.loads(path.read_text()) for name in names if (path := layout.run_metrics(name)).is_file()]
+    run = choose_run(names, evaluated, args.run)
+    if args.top < 1:
+        raise ValueError(f"--top: expected an int >= 1, got {args.top}")
+    data = open_dataset(layout.data)
+    image = load_image(args.image, int(data.meta["image_size"]))  # an unreadable file fails here, before any model loads
+    model_dir = layout.model(run)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir}: run {run} is not trained yet (run `dvc repro` first)")
+    model = load_model(model_dir)
+    k = next(cell.k for cell in params.cells() if cell.name == run) if args.k is None else args.k
+    if not 1 <= k <= model.n_latents:
+        raise ValueError(f"--k: expected 1..{model.n_latents} (the latents of {run}), got {k}")
+    x = open_encoder(layout.encoder).encode_images(image[None])  # (1, d)
+    if x.shape[1] != model.d:
+        raise ValueError(f"{layout.encoder}: the encoder gives d = {x.shape[1]}, but run {run} was trained on d = {model.d}; rerun `dvc repro`")
+    decoder = load_decoder(layout.captions)
+    codes = model.latents(torch.as_tensor(model.encode(x, k)))[0].numpy()
+    labels = latent_labels(model.n_latents, model.signed)
+    print(f"image: {args.image} · run {run}{' (best: highest objects MATCHScore)' if args.run is None else ''} · k = {k}")
+    if layout.concept_embeddings.exists():
+        store = open_store(layout.concept_embeddings)
+        texts, embeddings = [str(t) for t in store.attrs["texts"]], store.read()
+        text_mean = embeddings.astype(np.float64).mean(axis=0)
+        named = name_latents(latent_directions(model), embeddings, texts, top=1, text_mean=text_mean)
+        active = np.argsort(-codes, kind="stable")[: int((codes > 0).sum())][: args.top]
+        print("top concepts (latent, activation, its best concept and cosine):")
+        for i in active:
+            print(f"  {labels[i]:>6}  {codes[i]:8.3f}  {named.names[i, 0]} ({named.scores[i, 0]:.2f})")
+        if len(active) == 0:
+            print("  (no active latent)")
+        dense = dense_explanations(x, decoder.input_mean.cpu().numpy(), embeddings, texts, top=min(args.top, len(texts)), text_mean=text_mean)[0]
+        print("dense embedding's nearest concepts: " + ", ".join(f"{name} ({score:.2f})" for name, score in dense))
+    else:
+        print(f"top concepts: unavailable ({layout.concept_embeddings} missing: the encoder has no text tower)")
+    sparse = np.asarray(model.decode(model.encode(x, k)), dtype=np.float32)
+    sparse_caption, dense_caption = decode_captions(decoder, np.concatenate([sparse, x.astype(np.float32)]))
+    print(f"caption (sparse reconstruction, k = {k}): {sparse_caption}")
+    print(f"caption (dense embedding): {dense_caption}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cedar", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check params.yaml against the schema")
+    p.add_argument("params", nargs="?", type=Path, default=Path("params.yaml"))
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("preset", help="write a shipped preset over params.yaml")
+    p.add_argument("name", help="preset name: " + ", ".join(preset_names()))
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--force", action="store_true", help="overwrite local edits")
+    p.set_defaults(func=cmd_preset)
+    p = sub.add_parser("flow", help="run the whole pipeline as a Prefect flow")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.add_argument("--workers", type=int, default=1, help="concurrent grid cells on this machine")
+    p.add_argument("--dask", default=None, metavar="ADDRESS", help="run tasks on this Dask scheduler (tcp://host:8786)")
+    p.set_defaults(func=cmd_flow)
+    p = sub.add_parser("runs", help="list trained runs with their headline metrics")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.set_defaults(func=cmd_runs)
+    p = sub.add_parser("explain", help="an image's top concepts and caption under a run's model")
+    p.add_argument("image", type=Path, help="a PNG or JPEG file")
+    p.add_argument("--run", default=None, help="a run name (see `cedar runs`); default: the best evaluated run")
+    p.add_argument("--k", type=int, default=None, help="active latents of the sparse reconstruction (default: the run's k)")
+    p.add_argument("--top", type=int, default=5, help="concepts to print (default 5)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.set_defaults(func=cmd_explain)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ParamsError, FileNotFoundError, ValueError, StoreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The report's tables (pipeline.report.tables): choosing each method's best run and putting the runs'
+explanations side by side, from records shaped like the evaluate stage's."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.explain.run import explain_run
+from pipeline.report.tables import best_run, best_runs, best_score, example_table, latent_browser, rates_table, report_images
+
+
+def metrics(run: str, method: str, objects: float | None, multi: float = 0.0) -> dict:
+    concepts = {"multi": {"trained": {"match_score": multi}}}
+    if objects is not None:
+        concepts = {"objects": {"trained": {"match_score": objects}}, **concepts}
+    return {"run": run, "method": method, "concepts": concepts}
+
+
+def test_best_runs_use_the_objects_match_score() -> None:
+    runs = [metrics("cedar-8", "cedar", 0.4, multi=0.9), metrics("cedar-16", "cedar", 0.6), metrics("topk-64-8", "topk", 0.5),
+            metrics("topk-128-8", "topk", float("nan"))]
+    assert best_runs(runs) == {"cedar": "cedar-16", "topk": "topk-64-8"}
+    assert best_run(runs) == "cedar-16"
+    assert best_score(metrics("x", "m", None, multi=0.3)) == 0.3  # no objects kind: the first kind
+    assert best_score({"run": "x", "method": "m", "concepts": {}}) == float("-inf")
+    assert best_runs([metrics("a", "m", 0.5), metrics("b", "m", 0.5)]) == {"m": "a"}  # ties: the first
+    with pytest.raises(ValueError, match="runs"):
+        best_run([])
+
+
+# --- the report's view ---------------------------------------------------------------------------------
+def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None:
+    e = explain_run(identity_run["model"], 1, identity_run["decoder"], [identity_run["kind"]], identity_run["concepts"], identity_run["b"], identity_run["settings"])
+    explains = {"identity-1": {"run": "identity-1", "method": "identity", **e}, "identity-2": {"run": "identity-2", "method": "identity", **e}}
+    runs = [metrics("identity-1", "identity", 0.7), metrics("identity-2", "identity", 0.2)]
+    best = best_runs(runs)
+    browser = latent_browser(runs, explains, best)
+    assert [(b["method"], b["run"], b["score"]) for b in browser] == [("identity", "identity-1", 0.7)]
+    examples = example_table(explains, best)
+    assert [x["row"] for x in examples] == [40, 41] and examples[0]["dense_caption"] == "a red thing"
+    assert examples[0]["runs"] == [{"method": "identity", "run": "identity-1", "k": 1, "concepts": [["red", 1.0]],
+                                    "captions": {"sparse": "a red thing", "topk_original": "a red thing"},
+                                    "describes": {"sparse": True, "topk_original": True}}]
+    table = rates_table(list(explains.values()))
+    assert [r["run"] for r in table["objects"]] == ["identity-1", "identity-2"]
+    assert table["objects"][0]["relevance"]["dense_precision"] == 0.5 and table["objects"][0]["sparse"] == 1.0
+    assert table["objects"][0]["attribute_precision"] == {"dense": 1.0, "sparse": 1.0, "topk_original": 1.0}
+    assert report_images(browser, examples) == ([40, 41, 42, 43], [7])

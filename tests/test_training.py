@@ -1,0 +1,209 @@
+"""pipeline.training: the one loop (schedule, early stopping, resume) on a tiny sparse model defined here, and the
+same loop driving a module that is not a sparse model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from pipeline.models.base import SparseModel, array_io
+from pipeline.training.loop import TrainSettings, TrainState, array_batches, fit
+from pipeline.training.schedule import lr_factor
+from pipeline.training.sparse import fit_array, train_sparse
+
+
+class TinyTopK(SparseModel):
+    """A linear top-k autoencoder: the smallest model that exercises every hook of the interface."""
+
+    method = "tiny"
+
+    def __init__(self, d: int, n_latents: int, k: int) -> None:
+        super().__init__(d, n_latents, k)
+        self.enc = torch.nn.Parameter(torch.randn(n_latents, d) * 0.3)
+        self.dec = torch.nn.Parameter(self.enc.detach().clone())
+        self.register_buffer("mean", torch.zeros(d))
+        self.calls: list[str] = []
+
+    def fit_init(self, x: Tensor) -> None:
+        self.mean.copy_(x.mean(0))
+
+    @array_io
+    def encode(self, x: Tensor, k: int | None = None) -> Tensor:
+        pre = torch.relu((x - self.mean) @ self.enc.T)
+        top = pre.topk(k or self.k, dim=1)
+        return torch.zeros_like(pre).scatter(1, top.indices, top.values)
+
+    @array_io
+    def decode(self, codes: Tensor) -> Tensor:
+        return codes @ self.dec + self.mean
+
+    def training_loss(self, x, progress, generator):
+        codes = self.encode(x)
+        loss = ((self.decode(codes) - x) ** 2).sum(1).mean()
+        return loss, {"l0": (codes != 0).float().sum(1).mean().detach()}
+
+    def before_step(self) -> None:
+        self.calls.append("before")
+
+    def after_step(self) -> None:
+        self.calls.append("after")
+
+
+def planted(n: int = 600, d: int = 8, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    basis = rng.normal(size=(4, d))
+    return (rng.random((n, 4)) * (rng.random((n, 4)) < 0.5)) @ basis + 0.01 * rng.normal(size=(n, d))
+
+
+def test_lr_factor_warms_up_linearly_then_decays_to_the_floor():
+    assert lr_factor(0, 100, 0.1, 0.1) == pytest.approx(0.1)
+    assert lr_factor(9, 100, 0.1, 0.1) == pytest.approx(1.0)
+    assert lr_factor(10, 100, 0.1, 0.1) == pytest.approx(1.0)
+    assert lr_factor(100, 100, 0.1, 0.1) == pytest.approx(0.1)
+    values = [lr_factor(s, 100, 0.1, 0.1) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_array_batches_cover_every_row_once_per_epoch():
+    x = np.arange(10, dtype=np.float32)[:, None]
+    source = array_batches(x, 3, seed=1)
+    assert sorted(np.concatenate(list(source(0)))[:, 0].tolist()) == list(range(10))
+    assert not np.array_equal(np.concatenate(list(source(0))), np.concatenate(list(source(1))))
+
+
+def test_training_lowers_validation_fvu_and_calls_hooks_in_order():
+    torch.manual_seed(0)
+    model = TinyTopK(8, 16, 4)
+    result = fit_array(model, planted(), TrainSettings(batch_size=64, epochs=15, lr=1e-2, patience=20))
+    fvus = [h["val_fvu"] for h in result.history]
+    assert fvus[-1] < 0.5 * fvus[0]
+    assert model.calls[:4] == ["before", "after", "before", "after"]
+    assert {"train_loss", "train_l0", "val_l0", "val_dead_fraction"} <= set(result.history[0])
+
+
+def test_early_stopping_restores_the_best_epoch():
+    torch.manual_seed(0)
+    model = TinyTopK(8, 16, 4)
+    result = fit_array(model, planted(), TrainSettings(batch_size=64, epochs=40, lr=0.5, patience=2))
+    best = min(h["val_fvu"] for h in result.history)
+    assert result.history[result.best_epoch - 1]["val_fvu"] == best
+    if result.stopped_early:
+        assert len(result.history) == result.best_epoch + 2
+
+
+def test_resumed_run_equals_uninterrupted_run():
+    x = planted().astype(np.float32)
+    train, val = x[:500], x[500:]
+    settings = TrainSettings(batch_size=64, epochs=6, lr=1e-2, patience=10)
+    steps = -(-len(train) // settings.batch_size)
+
+    def fresh() -> TinyTopK:
+        torch.manual_seed(0)
+        return TinyTopK(8, 16, 4)
+
+    whole = train_sparse(fresh(), array_batches(train, 64, 0), steps, train, val, settings, 0)
+
+    saved: dict = {}
+
+    def save(model, optimizer, state, best):
+        if state.epoch == 3:
+            saved.update(model=copy_state(model.state_dict()), opt=optimizer.state_dict(), state=TrainState(**vars(state)), best=copy_state(best))
+            raise KeyboardInterrupt  # the "kill" after epoch 3
+
+    def copy_state(state):
+        return {k: v.clone() for k, v in state.items()}
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sparse(fresh(), array_batches(train, 64, 0), steps, train, val, settings, 0, save_state=save)
+
+    def load(model, optimizer):
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["opt"])
+        return saved["state"], saved["best"]
+
+    resumed = train_sparse(fresh(), array_batches(train, 64, 0), steps, train, val, settings, 0, load_state=load)
+    assert [h["val_fvu"] for h in resumed.history] == pytest.approx([h["val_fvu"] for h in whole.history], rel=1e-6)
+    for a, b in zip(whole.module.state_dict().values(), resumed.module.state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_fit_array_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"shape \(n, 8\)"):
+        fit_array(TinyTopK(8, 16, 4), np.zeros((10, 3)), TrainSettings())
+    bad = planted()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        fit_array(TinyTopK(8, 16, 4), bad, TrainSettings())
+
+
+def test_model_rejects_impossible_k():
+    with pytest.raises(ValueError, match="1 <= k <= n_latents"):
+        TinyTopK(8, 4, 5)
+
+
+def test_epochs_the_model_finds_unacceptable_are_never_restored(caplog):
+    class Picky(TinyTopK):
+        def acceptable(self, val_l0: float) -> bool:
+            return False
+
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="pipeline.training.sparse"):
+        result = fit_array(Picky(8, 16, 4), planted(), TrainSettings(batch_size=64, epochs=3, lr=1e-2, patience=10))
+    assert result.best_epoch == -1 and len(result.history) == 3
+    assert "no epoch met the model's sparsity target" in caplog.text
+
+
+class Quadratic(torch.nn.Module):
+    """Not a sparse model: a vector fitted to the batch means, to show the loop drives any `Trainable`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(3))
+        self.steps = 0
+
+    def training_loss(self, batch, progress, generator):
+        x, weight = batch
+        return ((x - self.w) ** 2 * weight).sum(1).mean(), {"progress": torch.tensor(progress)}
+
+    def before_step(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        self.steps += 1
+
+
+def test_the_loop_trains_any_trainable_on_tuple_batches_and_reports_its_stats():
+    rng = np.random.default_rng(0)
+    x = rng.normal(loc=[1.0, -2.0, 0.5], scale=0.1, size=(256, 3)).astype(np.float32)
+    weight = np.ones((256, 1), dtype=np.float32)
+
+    def batches(epoch):
+        order = np.random.default_rng([0, epoch]).permutation(256)
+        for start in range(0, 256, 32):
+            rows = order[start:start + 32]
+            yield x[rows], weight[rows]
+
+    module = Quadratic()
+    result = fit(module, batches, 8, TrainSettings(epochs=40, lr=0.1, min_lr_frac=0.0, grad_clip=0.0), seed=0)
+    assert module.steps == 320 and result.best_epoch == 40 and not result.stopped_early
+    np.testing.assert_allclose(module.w.detach().numpy(), x.mean(0), atol=0.05)
+    assert result.history[0]["train_progress"] == pytest.approx(np.mean(np.arange(8) / 320))
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+    assert result.history[-1]["train_loss"] < 0.1 * result.history[0]["train_loss"]
+
+
+def test_the_loop_leaves_the_global_rng_as_it_was():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    fit(Quadratic(), lambda epoch: iter([(np.zeros((4, 3), np.float32), np.ones((4, 1), np.float32))]), 1, TrainSettings(epochs=2), seed=5)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_train_settings_refuse_bad_values_naming_the_field():
+    for kwargs, field in [({"lr": 0}, "lr"), ({"epochs": True}, "epochs"), ({"lr": float("inf")}, "lr"), ({"device": "tpu9"}, "device"),
+                          ({"warmup_frac": 1.5}, "warmup_frac")]:
+        with pytest.raises(ValueError, match=field):
+            TrainSettings(**kwargs)
