@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,7 +170,8 @@ class StoreWriter:
             raise StoreError(f"{self.path}: {self.rows_committed} rows written, {self.expected_rows} expected")
         if self.array.shape[0] != self.rows_committed:
             self.array.resize((self.rows_committed, *self.row_shape))
-        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        # no timestamp: the same inputs must give byte-identical stores (DVC and the flow compare hashes)
+        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed})
         replace_dir(self.tmp, self.path)
         return open_store(self.path)
 

@@ -10,12 +10,12 @@ from pipeline.metrics import fms as fms_module
 from pipeline.metrics.fms import FMSResult, fms, truncated_accuracies
 
 
-def test_perfectly_monosemantic_latent_scores_one() -> None:
+def test_perfectly_monosemantic_latent_scores_one_by_the_papers_formula() -> None:
     # Latent 0 is the concept; latent 1 is always off. Root split is perfect (accs_0 = 1), no deeper
     # level (global = 1); without latent 0 nothing can split: majority 4/8 = 0.5 -> local = 2 (1 - 0.5) = 1.
     y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
     codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
-    result = fms(codes, y)
+    result = fms(codes, y, removals=1, levels="paper")
     assert isinstance(result, FMSResult)
     assert result.fms == 1.0
     assert result.root_accuracy.tolist() == [1.0]
@@ -23,6 +23,18 @@ def test_perfectly_monosemantic_latent_scores_one() -> None:
     assert result.global_.tolist() == [1.0]
     assert result.root_feature.tolist() == [0]
     assert result.depth.tolist() == [1]
+
+
+def test_published_convention_hand_computed() -> None:
+    # The published code's global term also averages the no-split level: majority accuracy 0.5, a term
+    # 0.5 - 1 = -0.5, so FMS_global = 1 - (-0.5) / 1 = 1.5; the local term is averaged over 1..9 removals, all 1
+    # (nothing can split once latent 0 is gone). FMS = 1 * (1 + 1.5) / 2 = 1.25: above 1, as published.
+    y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
+    codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
+    result = fms(codes, y)
+    assert (result.removals, result.levels) == (tuple(range(1, 10)), "published")
+    assert result.global_.tolist() == [1.5] and result.local.tolist() == [1.0]
+    assert result.fms == 1.25
 
 
 def test_concept_split_over_two_latents_hand_computed() -> None:
@@ -34,25 +46,39 @@ def test_concept_split_over_two_latents_hand_computed() -> None:
     b = np.array([0, 0, 0, 1, 0, 0, 0, 0], dtype=float)
     y = (a + b) > 0
     codes = np.stack([b, a, np.zeros(8)], axis=1)
-    one = fms(codes, y, p=1)
+    one = fms(codes, y, removals=1, levels="paper")
     assert one.root_feature.tolist() == [1]
     assert one.root_accuracy[0] == 7 / 8
     assert one.global_[0] == 7 / 8
     assert one.local[0] == 0.5
     assert one.fms == pytest.approx(7 / 8 * (0.5 + 7 / 8) / 2, abs=1e-15)  # 0.6015625
-    two = fms(codes, y, p=2)
+    two = fms(codes, y, removals=2, levels="paper")
     assert two.cut_accuracy[0].tolist() == [7 / 8, 5 / 8, 0.5]
     assert two.fms == pytest.approx(7 / 8 * (0.75 + 7 / 8) / 2, abs=1e-15)  # 0.7109375
+    # Published: levels {no split 0.5, depth 2 1.0} -> global = 1 - mean(0.5 - 7/8, 1 - 7/8) = 9/8; removals 1..9:
+    # accuracies 5/8 then 0.5 (nothing splits after two removals) -> local = (0.5 + 8 * 0.75) / 9 = 13/18.
+    published = fms(codes, y)
+    assert published.global_[0] == pytest.approx(9 / 8, abs=1e-15)
+    assert published.local[0] == pytest.approx(13 / 18, abs=1e-15)
+    assert published.fms == pytest.approx(7 / 8 * (13 / 18 + 9 / 8) / 2, abs=1e-15)  # 0.80815972...
 
 
 def test_constant_concept_is_nan_and_excluded_from_the_mean() -> None:
     y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
     codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
     labels = np.stack([y, np.zeros(8, dtype=bool)], axis=1)
-    result = fms(codes, labels)
+    result = fms(codes, labels, removals=1, levels="paper")
     assert np.isnan(result.per_concept[1])
     assert result.root_feature.tolist() == [0, -1]
     assert result.fms == 1.0
+
+
+def test_codes_that_cannot_split_a_concept_score_nan_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
+    with caplog.at_level("WARNING", logger="pipeline.metrics.fms"):
+        result = fms(np.zeros((8, 3)), y)  # all-zero codes: once a plausible 0.25, now undefined
+    assert np.isnan(result.fms) and np.isnan(result.per_concept[0])
+    assert "concept 0: no latent separates" in caplog.text
 
 
 def test_balancing_keeps_a_rare_perfect_concept_at_one() -> None:
@@ -62,10 +88,10 @@ def test_balancing_keeps_a_rare_perfect_concept_at_one() -> None:
     y = np.zeros(200, dtype=bool)
     y[::20] = True
     codes = np.stack([y.astype(float), np.zeros(200)], axis=1)
-    balanced = fms(codes, y)
+    balanced = fms(codes, y, removals=1, levels="paper")
     assert balanced.n_rows.tolist() == [20]
     assert balanced.fms == 1.0
-    assert fms(codes, y, balanced=False).fms == pytest.approx(0.55, abs=1e-12)
+    assert fms(codes, y, removals=1, levels="paper", balanced=False).fms == pytest.approx(0.55, abs=1e-12)
 
 
 def test_truncated_accuracies_match_depth_limited_trees() -> None:
@@ -90,7 +116,10 @@ def test_scores_are_bounded_and_subsample_is_seeded() -> None:
     assert np.all(result.n_rows <= 250) and np.all(result.n_rows % 2 == 0)  # balanced: as many negatives as positives
     assert fms(codes, labels, max_n=250, seed=3, balanced=False).n_rows.tolist() == [250, 250, 250]
     assert np.all((result.root_accuracy >= 0.5) & (result.root_accuracy <= 1.0))
-    assert np.all((result.global_ >= 0.5) & (result.global_ <= 1.0))
+    assert np.all(result.global_ >= 0.5)
+    paper = fms(codes, labels, max_n=250, seed=3, levels="paper")
+    assert np.all((paper.global_ >= 0.5) & (paper.global_ <= 1.0))
+    assert np.all(result.global_ >= paper.global_)  # the no-split level only ever adds a negative term
     # The planted single-latent concept scores above the random one.
     assert result.per_concept[0] > result.per_concept[1]
     again = fms(codes, labels, max_n=250, seed=3)
@@ -101,9 +130,9 @@ def test_sparse_and_dense_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(2)
     codes = rng.random((300, 40)) * (rng.random((300, 40)) < 0.1)
     labels = np.stack([(codes[:, 3] > 0) | (codes[:, 4] > 0.5), rng.random(300) < 0.4], axis=1)
-    sparse_result = fms(codes, labels, p=3)  # 10% non-zeros: sparse path
+    sparse_result = fms(codes, labels, removals=3)  # 10% non-zeros: sparse path
     monkeypatch.setattr(fms_module, "_SPARSE_DENSITY", 0.0)
-    dense_result = fms(codes, labels, p=3)
+    dense_result = fms(codes, labels, removals=3)
     np.testing.assert_array_equal(sparse_result.cut_accuracy, dense_result.cut_accuracy)
     np.testing.assert_array_equal(sparse_result.per_concept, dense_result.per_concept)
     np.testing.assert_array_equal(sparse_result.root_feature, dense_result.root_feature)
@@ -120,7 +149,9 @@ def test_bad_inputs_raise_clear_errors() -> None:
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         fms(bad, y)
-    with pytest.raises(ValueError, match="p:"):
-        fms(codes, y, p=0)
+    with pytest.raises(ValueError, match="removals"):
+        fms(codes, y, removals=0)
+    with pytest.raises(ValueError, match="levels"):
+        fms(codes, y, levels="notebook")
     with pytest.raises(ValueError, match="codes"):
         fms(np.ones(8), y)

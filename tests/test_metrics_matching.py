@@ -36,10 +36,11 @@ def test_one_to_one_hand_computed_with_tie() -> None:
     active, labels = _hand_case()
     result = one_to_one(active, labels)
     # Attribute 0: F1 of l0 = 2*2/(4+2) = 2/3 ties l3 = 2*3/(4+5) = 2/3 -> lower index l0.
-    # Attribute 1: l2 = 2*2/(2+4) = 2/3 beats l4 = 4/7 and l1 = l5 = 1/2. Attribute 2: all 0 -> l0.
-    assert [c.tolist() for c in result.coalitions] == [[0], [2], [0]]
-    np.testing.assert_allclose(result.f1, [2 / 3, 2 / 3, 0.0], rtol=0, atol=1e-15)
-    assert result.score == pytest.approx(4 / 9, abs=1e-15)
+    # Attribute 1: l2 = 2*2/(2+4) = 2/3 beats l4 = 4/7 and l1 = l5 = 1/2. Attribute 2 has no positives: no match,
+    # F1 NaN, left out of MATCHScore = mean(2/3, 2/3).
+    assert [c.tolist() for c in result.coalitions] == [[0], [2], []]
+    np.testing.assert_allclose(result.f1, [2 / 3, 2 / 3, np.nan], rtol=0, atol=1e-15)
+    assert result.score == pytest.approx(2 / 3, abs=1e-15)
 
 
 def test_fbmp_hand_computed_with_early_stop_tie_and_empty_attribute() -> None:
@@ -50,12 +51,12 @@ def test_fbmp_hand_computed_with_early_stop_tie_and_empty_attribute() -> None:
     #   step 1 (|r| = 2): l1 = l5 1/2.5 (tie -> l1), l4 1/5.5, l3 1/5.5 -> l1; F1 = 6/8 > 4/6, kept; residual = {3}.
     #   step 2 (|r| = 1): only l4 covers image 3 -> l4; but F1 = 8/12 < 6/8: stop, l4 not added.
     # Attribute 1: step 0 l2 (2/4.5) -> F1 = 2/3, empty residual; step 1 all 0 -> l0, F1 4/8 < 2/3: stop.
-    # Attribute 2: no positives: l0 taken (first latent always), F1 = 0; then l0 again adds nothing: stop.
-    assert [c.tolist() for c in result.coalitions] == [[0, 1], [2], [0]]
-    np.testing.assert_allclose(result.f1, [0.75, 2 / 3, 0.0], rtol=0, atol=1e-15)
-    assert result.score == pytest.approx(17 / 36, abs=1e-15)
+    # Attribute 2: no positives: nothing to match, F1 NaN, left out of MATCHScore = mean(3/4, 2/3) = 17/24.
+    assert [c.tolist() for c in result.coalitions] == [[0, 1], [2], []]
+    np.testing.assert_allclose(result.f1, [0.75, 2 / 3, np.nan], rtol=0, atol=1e-15)
+    assert result.score == pytest.approx(17 / 24, abs=1e-15)
     assert fbmp(active, labels, beta=0.5, k=1).coalitions[0].tolist() == [0]
-    assert delta_match_score(result, one_to_one(active, labels)) == pytest.approx(17 / 36 - 4 / 9, abs=1e-15)
+    assert delta_match_score(result, one_to_one(active, labels)) == pytest.approx(17 / 24 - 2 / 3, abs=1e-15)
 
 
 def _reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int) -> list[list[int]]:
@@ -63,6 +64,9 @@ def _reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int)
     coalitions = []
     for a in range(labels.shape[1]):
         y = labels[:, a]
+        if not y.any():  # no positives: nothing to match
+            coalitions.append([])
+            continue
         residual = y.copy()
         yhat = np.zeros_like(y)
         chosen: list[int] = []
@@ -96,6 +100,9 @@ def test_fbmp_equals_brute_force_reference(beta: float, k: int) -> None:
     result = fbmp(active, labels, beta=beta, k=k)
     assert [c.tolist() for c in result.coalitions] == _reference_fbmp(active, labels, beta, k)
     for a, coalition in enumerate(result.coalitions):
+        if not labels[:, a].any():
+            assert np.isnan(result.f1[a]) and coalition.size == 0
+            continue
         pred = active[:, coalition].any(axis=1)
         assert result.f1[a] == pytest.approx(f1_score(labels[:, a], pred, zero_division=0.0), abs=1e-12)
 
@@ -162,3 +169,29 @@ def test_coalition_f1_scores_given_coalitions_on_new_rows():
     np.testing.assert_allclose(f1, [0.8, 2 / 3])
     fitted = fbmp(active, labels, beta=0.5, k=3)
     np.testing.assert_allclose(coalition_f1(active, labels, fitted.coalitions), fitted.f1)
+
+
+
+def test_coalition_indices_are_checked_not_wrapped_or_truncated():
+    from pipeline.metrics.matching import coalition_f1
+
+    active = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]], dtype=bool)
+    labels = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool)
+    with pytest.raises(ValueError, match=r"coalitions\[0\]: latent indices must be in \[0, 3\), got -1"):
+        coalition_f1(active, labels, [np.array([-1]), np.array([2])])
+    with pytest.raises(TypeError, match=r"coalitions\[1\]: expected a 1-D array of integer latent indices, got float64"):
+        coalition_f1(active, labels, [np.array([0]), np.array([3.7])])
+    with pytest.raises(ValueError, match="one per attribute"):
+        coalition_f1(active, labels, [np.array([0])])
+
+
+def test_binarise_uses_the_published_threshold_and_refuses_nan():
+    from pipeline.metrics.matching import PUBLISHED_THRESHOLD, binarise
+
+    codes = np.array([[0.0, 5e-9, 2e-8], [1.0, 0.0, 0.0]])
+    assert PUBLISHED_THRESHOLD == 1e-8
+    np.testing.assert_array_equal(binarise(codes), [[False, False, True], [True, False, False]])
+    np.testing.assert_array_equal(binarise(codes, threshold=0.0), [[False, True, True], [True, False, False]])
+    codes[1, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite value nan at row 1, latent 2"):
+        binarise(codes)

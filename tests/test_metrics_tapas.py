@@ -28,22 +28,28 @@ def test_tapascore_hand_computed_with_shared_latent_and_removal_only_pair() -> N
     #         (keeping 3 would have given delta_rem = 1 - 1 = 0).
     # Pair 2: removal only (no add term); I_rem {0,1}: latent 1 stays on: 0.
     # Pair 3: nothing moves: 0 and 0.
+    # Published convention (default): every pair counts, pair 2's empty add set as 0:
+    # delta_add = (1 + 1 + 0 + 0) / 4 = 1/2, delta_rem = (-1 - 1 + 0 + 0) / 4 = -1/2, TAPAScore = 1.
     result = tapascore(before, after, added, removed, COALITIONS)
-    assert isinstance(result, Tapas)
-    assert result.delta_add == pytest.approx(2 / 3, abs=1e-15)
-    assert result.delta_rem == -0.5
-    assert result.score == pytest.approx(2 / 3 + 1 / 2, abs=1e-15)
+    assert isinstance(result, Tapas) and result.empty == "zero"
+    assert result.delta_add == 0.5 and result.delta_rem == -0.5 and result.score == 1.0
     assert (result.n_pairs, result.n_add, result.n_rem) == (4, 3, 4)
+    # Ours ("skip"): pair 2 has no add term: delta_add = 2/3 over three pairs.
+    skipped = tapascore(before, after, added, removed, COALITIONS, empty="skip")
+    assert skipped.delta_add == pytest.approx(2 / 3, abs=1e-15)
+    assert skipped.delta_rem == -0.5
+    assert skipped.score == pytest.approx(2 / 3 + 1 / 2, abs=1e-15)
 
 
 def test_removal_only_benchmark_scores_minus_mean_delta_rem() -> None:
     before = _codes([[0], [1], [2]])
     after = _codes([[], [1], []])
-    result = tapascore(before, after, np.full(3, -1), np.array([0, 0, 1]), COALITIONS)
-    assert np.isnan(result.delta_add)
-    assert result.delta_rem == pytest.approx(-2 / 3, abs=1e-15)
-    assert result.score == pytest.approx(2 / 3, abs=1e-15)
-    assert result.n_add == 0
+    for empty in ("zero", "skip"):
+        result = tapascore(before, after, np.full(3, -1), np.array([0, 0, 1]), COALITIONS, empty=empty)
+        assert result.delta_rem == pytest.approx(-2 / 3, abs=1e-15)
+        assert result.score == pytest.approx(2 / 3, abs=1e-15)
+        assert result.n_add == 0
+        assert result.delta_add == 0.0 if empty == "zero" else np.isnan(result.delta_add)
 
 
 def test_perfect_edit_scores_two_and_identical_codes_score_zero() -> None:
@@ -55,17 +61,21 @@ def test_perfect_edit_scores_two_and_identical_codes_score_zero() -> None:
     assert tapascore(before, before, added, removed, COALITIONS).score == 0.0
 
 
-def test_empty_coalitions_contribute_no_pair() -> None:
+def test_empty_coalitions_count_as_zero_by_default_and_can_be_skipped() -> None:
     coalitions = [np.array([0]), np.array([], dtype=np.int64), np.array([0])]
     before = _codes([[0], [0]])
     after = _codes([[], []])
-    # Pair 0 adds attribute 1 (empty coalition): only its removal counts. Pair 1: add and remove
-    # share their only latent, so both sets are empty: no term at all.
+    # Pair 0 adds attribute 1 (empty coalition): its removal delta is -1. Pair 1: add and remove share their only
+    # latent, so both sets are empty. Published: both pairs count, 0 where empty: TAPAScore = 0 - (-1 + 0) / 2.
     result = tapascore(before, after, np.array([1, 2]), np.array([0, 0]), coalitions)
     assert (result.n_add, result.n_rem) == (0, 1)
-    assert result.score == 1.0
-    nothing = tapascore(before, after, np.array([1, -1]), np.array([-1, -1]), coalitions)
-    assert np.isnan(nothing.score)
+    assert result.score == 0.5
+    # Skip: only pair 0's removal is a term.
+    assert tapascore(before, after, np.array([1, 2]), np.array([0, 0]), coalitions, empty="skip").score == 1.0
+    assert np.isnan(tapascore(before, after, np.array([1, -1]), np.array([-1, -1]), coalitions, empty="skip").score)
+    assert np.isnan(tapascore(before, after, np.array([1, -1]), np.array([-1, -1]), coalitions).score)  # nothing matched
+    with pytest.raises(ValueError, match="empty"):
+        tapascore(before, after, np.array([1, 2]), np.array([0, 0]), coalitions, empty="drop")
 
 
 def test_tapascore_bounded_on_random_codes() -> None:

@@ -1,55 +1,52 @@
 """Feature Monosemanticity Score (FMS), Härle et al. 2025, "Measuring and guiding monosemanticity".
 
-Published definition (paper and the authors' evaluation code), per binary concept c:
+Per binary concept c:
 
-- A depth-unrestricted decision tree (Gini) is fitted on the codes. `accs_0` = accuracy of the
-  root split alone (the tree cut after its first split; each side predicts its majority class):
-  how well the single best latent captures the concept (feature capacity).
-- Global disentanglement: with `accs_cum_i` the accuracy of the same tree cut after depth
-  i = 2 .. D (D = the tree's depth), `A = sum_i (accs_cum_i - accs_0)` and
-  `FMS_global = 1 - A / (D - 1)`: deeper levels should add nothing for a monosemantic latent.
-- Local disentanglement: remove the root latent and refit; repeat p times (each time removing
-  the newest root latent). `accs_p` = root-split accuracy after p removals and
-  `FMS_local@p = 2 (accs_0 - accs_p)`: a monosemantic concept falls to chance once its latent
-  is gone (the factor 2 maps a drop from 1 to 0.5 — chance on balanced data — onto 1).
+- A depth-unrestricted decision tree (Gini) is fitted on the codes. `accs_0` = accuracy of the root split alone
+  (the tree cut after its first split; each side predicts its majority class): how well the single best latent
+  captures the concept (feature capacity).
+- Global disentanglement: with `accs_cum_i` the accuracy of the same tree cut after depth i,
+  `FMS_global = 1 - mean over the levels L of (accs_cum_i - accs_0)`: deeper levels should add nothing.
+- Local disentanglement: remove the root latent and refit; repeat p times (each time removing the newest root
+  latent). `accs_p` = root-split accuracy after p removals and `FMS_local@p = 2 (accs_0 - accs_p)`: a
+  monosemantic concept falls to chance once its latent is gone (the factor 2 maps a drop from 1 to 0.5 onto 1).
 - `FMS@p = accs_0 (FMS_local@p + FMS_global) / 2`, averaged over concepts.
 
+Two conventions differ between the published evaluation code and the paper's formula; both are options, the
+published code's is the default (`pipeline.scoring.concepts.EvaluateSettings`, stated in the report):
+- `removals`: the published score averages FMS@p over p = 1..9 removals (`PUBLISHED_REMOVALS`); a single p gives
+  the paper's FMS@p (the paper reports p = 1 and p = 5).
+- `levels`: "published" averages the global term over every tree level except the root split *including* the
+  no-split level (the majority-class accuracy, depth 0), whose term is negative, so FMS_global can exceed 1;
+  "paper" uses the levels 2 .. D only (a tree of depth 1 then has FMS_global = 1).
+
 Choices, documented:
-- Accuracies are in-sample (the tree is evaluated on the rows it was fitted on), as published:
-  the score measures how the concept is *organised* in the codes, not generalisation.
-- Truncated-tree accuracy is computed exactly from the node class counts: every row sits in the
-  node it reaches at the cut depth (or in a shallower leaf) and gets that node's majority class.
-  (The published code counts rows in shallower leaves as correct, which equals this for the pure
-  leaves of a fully grown tree.)
-- The published notebook averages over every tree level except the root split, including the
-  no-split level (majority-class accuracy) — that term is negative and inflates FMS_global. We
-  follow the paper's formula (levels 2 .. D only). A tree of depth <= 1 gets FMS_global = 1.
-- Removal = zeroing the latent's column (as published); a zeroed column is constant and can no
-  longer split. Each refit is a stump (max_depth=1): only its root split is read, which is the
-  same split a deeper tree would choose first. When no latent can split any more, further
-  removals leave the accuracy at the majority-class rate.
-- Local and global terms are not clipped (the published notebook does not clip): a later root
-  split can be more accurate than the Gini-chosen first one, making FMS_local slightly negative.
-- Class balance (our choice, `balanced=True` by default): per concept we use every positive and
-  as many randomly drawn negatives (at most max_n / 2 of each). The factor 2 in FMS_local maps a
-  fall to chance = 1/2 onto 1, which presumes balanced classes (the authors' code also offers
-  balanced concept sets). On imbalanced attributes (CUB, COCO: many under 5% prevalence) the majority
-  rate is close to 1, so even a perfect single latent would get FMS_local near 0 and FMS near
-  1/2. `balanced=False` keeps the data's class ratio (one shared uniform subsample).
-- Concepts with a single class on their rows have no score: NaN, excluded from the mean, with
-  a warning.
-- Subsampling: at most `max_n` rows per concept (default 5000), drawn without replacement with
-  a generator seeded by (seed, concept index), so a concept's rows do not depend on the others
-  (balanced=False: one uniform subsample drawn with `seed`). Cost is one deep tree plus p stumps
-  per concept; measured at 5000 x 4096 with 1% non-zeros (sparse path, one core): ~0.5 s for a
-  concept one latent explains (depth 1), ~5 s for a concept no latent explains (the tree grows
-  ~300 levels deep fitting noise). Budget that per concept when choosing max_n.
+- Accuracies are in-sample (the tree is evaluated on the rows it was fitted on), as published: the score
+  measures how the concept is *organised* in the codes, not generalisation.
+- Truncated-tree accuracy is computed exactly from the node class counts: every row sits in the node it reaches
+  at the cut depth (or in a shallower leaf) and gets that node's majority class.
+- Removal = zeroing the latent's column (as published); a zeroed column is constant and can no longer split.
+  Each refit is a stump (max_depth=1): only its root split is read, which is the same split a deeper tree would
+  choose first. When no latent can split any more, further removals leave the accuracy at the majority rate.
+- Local and global terms are not clipped (neither does the published code).
+- Class balance (`balanced=True` by default, as the authors' balanced concept sets): per concept every positive
+  and as many randomly drawn negatives (at most max_n / 2 of each). The factor 2 in FMS_local presumes balanced
+  classes; on imbalanced attributes the majority rate is close to 1 and even a perfect latent would get
+  FMS_local near 0. `balanced=False` keeps the data's class ratio (one shared uniform subsample).
+- Degenerate concepts get NaN, excluded from the mean, with a warning naming the concept: a single class on its
+  rows, or codes that cannot split its rows at all (e.g. all-zero codes), where any number would be an artefact.
+- Subsampling: at most `max_n` rows per concept, drawn without replacement with a generator seeded by (seed,
+  concept index), so a concept's rows do not depend on the others. Cost is one deep tree plus max(removals)
+  stumps per concept; measured at 5000 x 4096 with 1% non-zeros (sparse path, one core): ~0.5 s for a concept
+  one latent explains, ~5 s for one no latent explains (the tree grows ~300 levels deep fitting noise).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy import sparse
@@ -62,16 +59,19 @@ logger = logging.getLogger(__name__)
 # (5000 x 4096 at 1% density: 3 s instead of 110 s for a deep tree), with the same splits.
 _SPARSE_DENSITY = 0.25
 
+#: the published score's removals: FMS@p averaged over p = 1..9
+PUBLISHED_REMOVALS: tuple[int, ...] = tuple(range(1, 10))
+
 
 @dataclass
 class FMSResult:
     """FMS over concepts. Per-concept arrays are (n_concepts,), NaN for constant-label concepts.
 
-    fms: mean FMS@p over scored concepts. per_concept: FMS@p. root_accuracy: accs_0.
-    local: FMS_local@p. global_: FMS_global. root_feature: the root latent (-1 if none).
-    depth: depth of the full tree. cut_accuracy: (n_concepts, p + 1) root-split accuracy after
-    0 .. p removals (column 0 = accs_0). p: removals used for the local term.
-    n_rows: (n_concepts,) int, rows the trees saw for each concept.
+    fms: mean over scored concepts of the per-concept score. per_concept: FMS@p averaged over `removals`.
+    root_accuracy: accs_0. local: FMS_local@p averaged over `removals`. global_: FMS_global (per `levels`).
+    root_feature: the root latent (-1 if none). depth: depth of the full tree. cut_accuracy: (n_concepts,
+    max(removals) + 1) root-split accuracy after 0 .. max(removals) removals (column 0 = accs_0).
+    removals, levels: the conventions used. n_rows: (n_concepts,) int, rows the trees saw for each concept.
     """
 
     fms: float
@@ -82,7 +82,8 @@ class FMSResult:
     root_feature: np.ndarray
     depth: np.ndarray
     cut_accuracy: np.ndarray
-    p: int
+    removals: tuple[int, ...]
+    levels: str
     n_rows: np.ndarray
 
 
@@ -138,25 +139,29 @@ def _root_split_accuracy(x: Codes, y: np.ndarray, seed: int) -> tuple[float, int
     return float(truncated_accuracies(stump)[0]), feature
 
 
-def _concept_scores(x: Codes, y: np.ndarray, p: int, seed: int) -> tuple[float, float, float, int, int, np.ndarray]:
-    """(accs_0, local, global, root feature, depth, cut accuracies) for one concept."""
+def _concept_scores(x: Codes, y: np.ndarray, removals: tuple[int, ...], levels: str, seed: int) -> tuple[float, float, float, int, int, np.ndarray]:
+    """(accs_0, local, global, root feature, depth, cut accuracies) for one concept (depth >= 1)."""
     clf = DecisionTreeClassifier(criterion="gini", max_depth=None, random_state=seed).fit(x, y)
     depth = int(clf.get_depth())
     acc = truncated_accuracies(clf)
     acc0 = float(acc[0])
-    global_ = 1.0 - float(np.sum(acc[1:] - acc0)) / (acc.size - 1) if acc.size > 1 else 1.0
-    root = int(clf.tree_.feature[0]) if depth > 0 else -1
-    cuts = np.empty(p + 1)
+    deeper = acc[1:]
+    if levels == "published":  # the no-split level: every row predicted as the majority class
+        deeper = np.concatenate([[max(y.mean(), 1.0 - y.mean())], deeper])
+    global_ = 1.0 - float(np.mean(deeper - acc0)) if deeper.size else 1.0
+    root = int(clf.tree_.feature[0])
+    p_max = max(removals)
+    cuts = np.empty(p_max + 1)
     cuts[0] = acc0
     work = x.copy()
     removed = root
-    for j in range(1, p + 1):
+    for j in range(1, p_max + 1):
         if removed < 0:
             cuts[j:] = cuts[j - 1]
             break
         _zero_column(work, removed)
         cuts[j], removed = _root_split_accuracy(work, y, seed)
-    local = 2.0 * (acc0 - float(cuts[p]))
+    local = float(np.mean([2.0 * (acc0 - cuts[p]) for p in removals]))
     return acc0, local, global_, root, depth, cuts
 
 
@@ -172,16 +177,22 @@ def _concept_rows(y: np.ndarray, max_n: int, balanced: bool, rng: np.random.Gene
 
 
 def fms(
-    codes: np.ndarray, labels: np.ndarray, max_n: int = 5000, seed: int = 0, p: int = 1, balanced: bool = True
+    codes: np.ndarray,
+    labels: np.ndarray,
+    max_n: int = 5000,
+    seed: int = 0,
+    removals: int | Sequence[int] = PUBLISHED_REMOVALS,
+    levels: Literal["published", "paper"] = "published",
+    balanced: bool = True,
 ) -> FMSResult:
-    """Feature Monosemanticity Score FMS@p of `codes` for binary concepts.
+    """Feature Monosemanticity Score of `codes` for binary concepts (see the module docstring).
 
     codes: (n, n_latents) numeric, finite. labels: (n,) or (n, n_concepts) bool.
     max_n: rows used per concept at most. seed: drives the row subsamples.
-    p: removals for the local term (the paper reports p = 1 and p = 5).
-    balanced: per concept, use every positive (up to max_n / 2) and as many randomly drawn
-    negatives (our choice, see the module docstring); False = one uniform subsample of max_n
-    rows shared by all concepts, class ratio as in the data.
+    removals: the p of FMS@p, or several to average (default: the published 1..9).
+    levels: the levels of the global term, "published" (with the no-split level) or "paper" (2 .. D).
+    balanced: per concept, every positive (up to max_n / 2) and as many randomly drawn negatives;
+    False = one uniform subsample of max_n rows shared by all concepts, class ratio as in the data.
     Loops over concepts and removals (each one a tree fit); nothing loops over rows or latents.
     """
     if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
@@ -199,8 +210,12 @@ def fms(
         raise ValueError(f"labels: expected shape ({codes.shape[0]},) or ({codes.shape[0]}, n_concepts), got {labels.shape}")
     if not isinstance(max_n, (int, np.integer)) or max_n < 2:
         raise ValueError(f"max_n: expected an int >= 2, got {max_n!r}")
-    if not isinstance(p, (int, np.integer)) or p < 1:
-        raise ValueError(f"p: expected an int >= 1, got {p!r}")
+    removals = (removals,) if isinstance(removals, (int, np.integer)) else tuple(removals)
+    if not removals or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 for p in removals):
+        raise ValueError(f"removals: expected ints >= 1, got {removals!r}")
+    removals = tuple(int(p) for p in removals)
+    if levels not in ("published", "paper"):
+        raise ValueError(f"levels: expected 'published' or 'paper', got {levels!r}")
     x_all = codes.astype(np.float32)
     use_sparse = np.count_nonzero(x_all) <= _SPARSE_DENSITY * x_all.size
     if use_sparse:
@@ -211,7 +226,7 @@ def fms(
     global_ = np.full(n_concepts, np.nan)
     roots = np.full(n_concepts, -1, dtype=np.int64)
     depths = np.zeros(n_concepts, dtype=np.int64)
-    cuts = np.full((n_concepts, p + 1), np.nan)
+    cuts = np.full((n_concepts, max(removals) + 1), np.nan)
     n_rows = np.zeros(n_concepts, dtype=np.int64)
     shared_rows: np.ndarray | None = None
     for c in range(n_concepts):
@@ -229,7 +244,10 @@ def fms(
         x = x_all[rows]
         if use_sparse:
             x = x.tocsc()
-        acc0[c], local[c], global_[c], roots[c], depths[c], cuts[c] = _concept_scores(x, y, int(p), seed)
+        if _root_split_accuracy(x, y, seed)[1] < 0:
+            logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows.size)
+            continue
+        acc0[c], local[c], global_[c], roots[c], depths[c], cuts[c] = _concept_scores(x, y, removals, levels, seed)
     per_concept = acc0 * (local + global_) / 2.0
     scored = ~np.isnan(per_concept)
     score = float(per_concept[scored].mean()) if scored.any() else float("nan")
@@ -242,6 +260,7 @@ def fms(
         root_feature=roots,
         depth=depths,
         cut_accuracy=cuts,
-        p=int(p),
+        removals=removals,
+        levels=levels,
         n_rows=n_rows,
     )

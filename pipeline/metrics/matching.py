@@ -10,14 +10,19 @@ count, the number of positives per attribute and the number of activations per l
 all attributes is one (L, n) x (n, A) product plus O(L A) arithmetic, instead of L x A calls to
 a per-pair scorer.
 
+Binarisation (`binarise`): a latent is active where its activation exceeds a threshold; the published
+evaluation code uses `> 1e-8` (`PUBLISHED_THRESHOLD`, the default), `> 0` is an option. Non-finite codes are an
+error, never "inactive".
+
 Degenerate cases (documented conventions):
-- 0/0 F-scores are 0: an attribute with no positives scores 0 against every latent, and a latent
-  that is never active scores 0 against every attribute.
-- Ties go to the lowest latent index (np.argmax). An attribute with no positives therefore gets
-  the coalition [0] and F1 = 0; it still counts in MATCHScore (drop such attributes before
-  matching if they should not). A warning is logged.
+- An attribute with no positives on the rows has no defined match: its coalition is empty, its F1 is NaN
+  (a warning names it) and MATCHScore averages over the other attributes. A latent that is never active scores
+  F1 = 0 against every attribute.
+- Ties go to the lowest latent index (np.argmax).
 - FBMP's accept test `F1(y, yhat') > F1(y, yhat)` is done in exact integer arithmetic
   (cross-multiplied counts), so no float rounding can add or drop a latent.
+- Latent indices given from outside (`coalition_f1`, `pipeline.metrics.tapas`) must be integers in range:
+  -1 would silently wrap to the last latent and 3.7 would be truncated.
 """
 
 from __future__ import annotations
@@ -31,6 +36,35 @@ logger = logging.getLogger(__name__)
 
 # Rows converted to float32 per block in `_tp_counts`: about 32 MB of float32 per block at L = 4096.
 _BLOCK_ELEMENTS = 8 * 1024 * 1024
+
+#: the published binarisation: a latent is active where its activation is > 1e-8
+PUBLISHED_THRESHOLD = 1e-8
+
+
+def binarise(codes: np.ndarray, threshold: float = PUBLISHED_THRESHOLD) -> np.ndarray:
+    """bool (n, L): activation > threshold, for non-negative latent activations (n, L). NaN or infinite values are
+    an error naming the first one (a NaN compared with a threshold would silently read as inactive)."""
+    codes = np.asarray(codes)
+    if codes.dtype.kind == "f" and not np.isfinite(codes).all():
+        row, latent = np.argwhere(~np.isfinite(codes))[0]
+        raise ValueError(f"codes: non-finite value {codes[row, latent]} at row {row}, latent {latent}; codes must be finite to binarise")
+    return codes > threshold
+
+
+def check_coalitions(coalitions: list[np.ndarray], n_latents: int, n_attributes: int) -> list[np.ndarray]:
+    """The coalitions as int64 arrays, checked: one per attribute, 1-D, integer dtype, every index in [0, n_latents)."""
+    if not isinstance(coalitions, (list, tuple)) or len(coalitions) != n_attributes:
+        got = len(coalitions) if isinstance(coalitions, (list, tuple)) else type(coalitions).__name__
+        raise ValueError(f"coalitions: expected one per attribute ({n_attributes}), got {got}")
+    out = []
+    for a, coalition in enumerate(coalitions):
+        index = np.asarray(coalition)
+        if index.size and (index.ndim != 1 or index.dtype.kind not in "iu"):
+            raise TypeError(f"coalitions[{a}]: expected a 1-D array of integer latent indices, got {index.dtype} {index.shape}")
+        if index.size and (index.min() < 0 or index.max() >= n_latents):
+            raise ValueError(f"coalitions[{a}]: latent indices must be in [0, {n_latents}), got {index.min()}..{index.max()}")
+        out.append(index.astype(np.int64).reshape(-1))
+    return out
 
 
 @dataclass
@@ -56,14 +90,23 @@ def _check_bool(name: str, array: np.ndarray) -> None:
         raise ValueError(f"{name}: expected a non-empty 2-D array, got shape {array.shape}")
 
 
-def _check_inputs(active: np.ndarray, labels: np.ndarray) -> None:
+def _check_inputs(active: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Check the pair; returns bool (A,): the attributes with at least one positive (the others are undefined)."""
     _check_bool("active", active)
     _check_bool("labels", labels)
     if labels.shape[0] != active.shape[0]:
         raise ValueError(f"labels: expected {active.shape[0]} rows like active, got shape {labels.shape}")
-    empty = np.flatnonzero(~labels.any(axis=0))
-    if empty.size:
-        logger.warning("matching: %d attribute(s) have no positives (first: %s); their F1 is 0", empty.size, empty[:5].tolist())
+    defined = labels.any(axis=0)
+    if not defined.all():
+        empty = np.flatnonzero(~defined)
+        logger.warning("matching: %d attribute(s) have no positive row (attributes %s); their F1 is NaN and they leave MATCHScore",
+                       empty.size, empty[:10].tolist())
+    return defined
+
+
+def nan_mean(values: np.ndarray) -> float:
+    """The mean over the defined (non-NaN) values, NaN when none is: MATCHScore over the attributes with a match."""
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
 def _tp_counts(active: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -95,15 +138,15 @@ def one_to_one(active: np.ndarray, labels: np.ndarray) -> Matching:
 
     active: (n, L) bool latent activations; labels: (n, A) bool attribute labels.
     """
-    _check_inputs(active, labels)
+    defined = _check_inputs(active, labels)
     tp = _tp_counts(active, labels)
     f1 = _f1_from_counts(tp, labels.sum(axis=0)[None, :], active.sum(axis=0)[:, None])
     best = np.argmax(f1, axis=0)
-    best_f1 = f1[best, np.arange(labels.shape[1])]
+    best_f1 = np.where(defined, f1[best, np.arange(labels.shape[1])], np.nan)
     return Matching(
-        coalitions=[np.array([latent], dtype=np.int64) for latent in best],
+        coalitions=[np.array([latent] if ok else [], dtype=np.int64) for latent, ok in zip(best, defined)],
         f1=best_f1,
-        score=float(best_f1.mean()),
+        score=nan_mean(best_f1),
     )
 
 
@@ -123,7 +166,7 @@ def fbmp(active: np.ndarray, labels: np.ndarray, beta: float = 0.5, k: int = 3) 
     gathers the winning latent's column for every attribute at once and updates the (n, A)
     prediction matrix `yhat` with an OR. Only a list append per attribute runs in Python.
     """
-    _check_inputs(active, labels)
+    defined = _check_inputs(active, labels)
     if not (isinstance(beta, (int, float, np.floating)) and np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta: expected a positive finite number, got {beta!r}")
     n_latents = active.shape[1]
@@ -138,7 +181,7 @@ def fbmp(active: np.ndarray, labels: np.ndarray, beta: float = 0.5, k: int = 3) 
     tp_hat = np.zeros(n_attr, dtype=np.int64)
     n_hat = np.zeros(n_attr, dtype=np.int64)
     chosen: list[list[int]] = [[] for _ in range(n_attr)]
-    running = np.arange(n_attr)
+    running = np.flatnonzero(defined)
     for step in range(k):
         if running.size == 0:
             break
@@ -165,11 +208,11 @@ def fbmp(active: np.ndarray, labels: np.ndarray, beta: float = 0.5, k: int = 3) 
         for attribute, latent in zip(kept.tolist(), best[accept].tolist()):
             chosen[attribute].append(latent)
         running = kept
-    f1 = _f1_from_counts(tp_hat, n_true, n_hat)
+    f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
         f1=f1,
-        score=float(f1.mean()),
+        score=nan_mean(f1),
     )
 
 
@@ -185,18 +228,16 @@ def delta_match_score(trained: Matching, untrained: Matching) -> float:
 
 
 def coalition_f1(active: np.ndarray, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
-    """(A,) F1 of the OR of each attribute's coalition against its labels, on any (e.g. held-out) rows.
+    """(A,) F1 of the OR of each attribute's coalition against its labels, on any (e.g. held-out) rows; NaN for an
+    attribute with no positive row there (see the module docstring).
 
     active: (n, L) bool; labels: (n, A) bool; coalitions: one int array per attribute (from a
-    Matching fitted elsewhere). One (n, L) x (L, A) product gives every coalition's OR at once.
+    Matching fitted elsewhere), indices checked. One (n, L) x (L, A) product gives every coalition's OR at once.
     """
-    _check_bool("active", active)
-    _check_bool("labels", labels)
-    if len(coalitions) != labels.shape[1]:
-        raise ValueError(f"coalitions: expected one per attribute ({labels.shape[1]}), got {len(coalitions)}")
+    defined = _check_inputs(active, labels)
     member = np.zeros((active.shape[1], labels.shape[1]), dtype=np.float32)
-    for a, coalition in enumerate(coalitions):
-        member[np.asarray(coalition, dtype=np.int64), a] = 1.0
+    for a, coalition in enumerate(check_coalitions(coalitions, active.shape[1], labels.shape[1])):
+        member[coalition, a] = 1.0
     yhat = (active.astype(np.float32) @ member) > 0
     tp = np.count_nonzero(yhat & labels, axis=0)
-    return _f1_from_counts(tp, labels.sum(axis=0), yhat.sum(axis=0))
+    return np.where(defined, _f1_from_counts(tp, labels.sum(axis=0), yhat.sum(axis=0)), np.nan)

@@ -8,28 +8,35 @@ attributes, latents in both dropped from both:
     delta_rem = max_{i in I_rem} bin(z'_i) - max_{i in I_rem} bin(z_i)
     TAPAScore = mean_pairs(delta_add) - mean_pairs(delta_rem)               in [-2, 2]
 
-Conventions (documented): a pair whose added (removed) coalition is empty — attribute index -1,
-an empty coalition, or every latent shared with the other coalition — contributes no term to the
-mean of delta_add (delta_rem): an empty max is undefined, and a 0 would pull the mean towards
-"no response" for reasons unrelated to the model. When no pair has an added coalition (removal-only
-benchmarks) delta_add is NaN and TAPAScore = -mean(delta_rem); symmetrically for removals. When
-neither mean exists, TAPAScore is NaN (logged).
+Empty coalitions. A pair's added (removed) coalition can be empty: attribute index -1 (an object removal has
+nothing added), an attribute matched to no latent, or every latent shared with the other coalition. Two
+conventions, chosen with `empty`:
+- "zero" (default, the published evaluation code's): an empty coalition's delta is 0 and the pair still counts, so
+  both means run over all pairs; a removal-only benchmark gets TAPAScore = -mean(delta_rem) over all pairs.
+- "skip" (ours, an option): the pair contributes no term to that mean (an empty max is undefined, and a 0 pulls
+  the mean towards "no response" for reasons unrelated to the model); a mean with no term is NaN and TAPAScore is
+  then the other mean alone.
+In both, TAPAScore is NaN (logged) when no pair has any non-empty coalition: nothing was matched, and 0 would
+look like a measured "no response".
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+from pipeline.metrics.matching import check_coalitions
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Tapas:
-    """TAPAScore over pairs. delta_add/delta_rem: means over the pairs with a non-empty coalition
-    (NaN when there are none). n_pairs: pairs given; n_add, n_rem: pairs counted in each mean."""
+    """TAPAScore over pairs. delta_add/delta_rem: the two means (see `empty` in `tapascore`). n_pairs: pairs given;
+    n_add, n_rem: pairs whose added / removed coalition is non-empty. empty: the convention used."""
 
     score: float
     delta_add: float
@@ -37,6 +44,7 @@ class Tapas:
     n_pairs: int
     n_add: int = 0
     n_rem: int = 0
+    empty: str = "zero"
 
 
 def _check_codes(before: np.ndarray, after: np.ndarray) -> None:
@@ -50,19 +58,12 @@ def _check_codes(before: np.ndarray, after: np.ndarray) -> None:
 
 
 def _membership(coalitions: list[np.ndarray], n_latents: int) -> np.ndarray:
-    """(n_attributes, n_latents) bool: True where the latent is in the attribute's coalition."""
+    """(n_attributes, n_latents) bool: True where the latent is in the attribute's coalition (indices checked)."""
     if not isinstance(coalitions, (list, tuple)) or len(coalitions) == 0:
         raise ValueError("coalitions: expected a non-empty list of int arrays, one per attribute")
     member = np.zeros((len(coalitions), n_latents), dtype=bool)
-    for a, coalition in enumerate(coalitions):
-        idx = np.asarray(coalition)
-        if idx.size == 0:
-            continue
-        if idx.ndim != 1 or idx.dtype.kind not in "iu":
-            raise TypeError(f"coalitions[{a}]: expected a 1-D int array of latent indices, got {idx.dtype} {idx.shape}")
-        if idx.min() < 0 or idx.max() >= n_latents:
-            raise ValueError(f"coalitions[{a}]: latent indices must be in [0, {n_latents}), got {idx.min()}..{idx.max()}")
-        member[a, idx] = True
+    for a, coalition in enumerate(check_coalitions(coalitions, n_latents, len(coalitions))):
+        member[a, coalition] = True
     return member
 
 
@@ -95,25 +96,31 @@ def tapascore(
     added: np.ndarray,
     removed: np.ndarray,
     coalitions: list[np.ndarray],
+    empty: Literal["zero", "skip"] = "zero",
 ) -> Tapas:
     """TAPAScore of binarised codes before/after (n_pairs, L) bool for edits added/removed (n_pairs,) int.
 
     coalitions: per attribute, the int latent indices matched to it (e.g. `Matching.coalitions`).
+    empty: how a pair with an empty coalition counts (module docstring): "zero" (published) or "skip".
     Vectorised over pairs: each pair's coalitions become rows of an (n_pairs, L) bool mask.
     """
+    if empty not in ("zero", "skip"):
+        raise ValueError(f"empty: expected 'zero' or 'skip', got {empty!r}")
     _check_codes(before, after)
     n_pairs, n_latents = before.shape
     member = _membership(coalitions, n_latents)
     _check_attribute_index("added", added, n_pairs, member.shape[0])
     _check_attribute_index("removed", removed, n_pairs, member.shape[0])
     add, rem = _edit_sets(member, added, removed)
-    has_add, has_rem = add.any(axis=1), rem.any(axis=1)
+    nonempty_add, nonempty_rem = add.any(axis=1), rem.any(axis=1)
     d_add = _coalition_on(after, add) - _coalition_on(before, add)
     d_rem = _coalition_on(after, rem) - _coalition_on(before, rem)
+    # "zero": every pair is a term (an empty coalition's delta is 0 already: `_coalition_on` of an empty set)
+    has_add, has_rem = (nonempty_add, nonempty_rem) if empty == "skip" else (np.ones(n_pairs, bool),) * 2
     mean_add = float(d_add[has_add].mean()) if has_add.any() else float("nan")
     mean_rem = float(d_rem[has_rem].mean()) if has_rem.any() else float("nan")
-    if np.isnan(mean_add) and np.isnan(mean_rem):
-        logger.warning("tapascore: no pair has a non-empty added or removed coalition; score is NaN")
+    if not (nonempty_add.any() or nonempty_rem.any()):
+        logger.warning("tapascore: no pair has a non-empty added or removed coalition (nothing was matched); score is NaN")
         score = float("nan")
     else:
         score = (0.0 if np.isnan(mean_add) else mean_add) - (0.0 if np.isnan(mean_rem) else mean_rem)
@@ -122,8 +129,9 @@ def tapascore(
         delta_add=mean_add,
         delta_rem=mean_rem,
         n_pairs=n_pairs,
-        n_add=int(has_add.sum()),
-        n_rem=int(has_rem.sum()),
+        n_add=int(nonempty_add.sum()),
+        n_rem=int(nonempty_rem.sum()),
+        empty=empty,
     )
 
 

@@ -12,8 +12,11 @@ same sparsifier) and random codes, on data with binary attribute labels:
 - CKNNA between latent codes and the embeddings, FMS of the codes against the attributes,
   and the linear-probe cross-entropy/KL of reconstructions (one probe per attribute family).
 
-Binarisation (SPEC.md B): a latent is active when its non-negative activation is > 0; CEDAR and
-rotation models are seen through their half-axis view (`SparseModel.latents`).
+Binarisation: a latent is active when its non-negative activation exceeds `evaluate.active_threshold` (the
+published 1e-8 by default; 0 is an option); CEDAR and rotation models are seen through their half-axis view
+(`SparseModel.latents`). Conventions that differ between the published evaluation code and our earlier choices
+are settings with the published one as default: the binarisation threshold, TAPAScore's empty coalitions
+(`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`); the report states the ones in use.
 
 Random codes: each latent fires independently with the trained model's activation frequency on
 the matching rows, magnitude 1, seeded; before/after images of a pair get independent draws, so
@@ -24,19 +27,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, Strict, model_validator
 
 from pipeline.metrics.cknna import cknna
-from pipeline.metrics.fms import fms
-from pipeline.metrics.matching import Matching, coalition_f1, fbmp, one_to_one
+from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
+from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_f1, fbmp, nan_mean, one_to_one
 from pipeline.metrics.probe import fit_probe, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
 from pipeline.models.base import SparseModel
-from pipeline.settings import PositiveFloat, PositiveInt, settings
+from pipeline.settings import NonNegativeFloat, PositiveFloat, PositiveInt, settings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,10 @@ class EvaluateSettings:
     recommended protocol is beta 0.5, k 3, which TAPAScore uses (tapas_beta, tapas_k). max_match_rows:
     training-split rows used to fit coalitions (subsampled with the seed). cknna_k: neighbours per row of CKNNA;
     cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees.
+    Conventions (published default first, `pipeline.metrics` documents each): active_threshold: a latent is active
+    above it (1e-8; 0 = any positive activation). tapas_empty: a pair whose coalition is empty counts as 0
+    ("zero") or is left out ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p).
+    fms_levels: FMS's global term with the no-split level ("published") or over levels 2..D ("paper").
     """
 
     ks: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
@@ -62,11 +69,15 @@ class EvaluateSettings:
     cknna_k: PositiveInt = 10
     cknna_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
     fms_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
+    active_threshold: NonNegativeFloat = PUBLISHED_THRESHOLD
+    tapas_empty: Literal["zero", "skip"] = "zero"
+    fms_removals: tuple[PositiveInt, ...] = PUBLISHED_REMOVALS
+    fms_levels: Literal["published", "paper"] = "published"
 
     @model_validator(mode="after")
     def _tapas_rule_is_reported(self) -> "EvaluateSettings":
-        if not self.ks or not self.betas or not self.match_ks:
-            raise ValueError("ks, betas and match_ks must each list at least one value")
+        if not self.ks or not self.betas or not self.match_ks or not self.fms_removals:
+            raise ValueError("ks, betas, match_ks and fms_removals must each list at least one value")
         if self.tapas_k not in self.match_ks:
             raise ValueError(f"tapas_k={self.tapas_k} must be one of match_ks {list(self.match_ks)}")
         if self.tapas_beta not in self.betas:
@@ -134,12 +145,12 @@ def random_codes(frequency: np.ndarray, data: ConceptData, seed: int) -> Codes:
 
 def prefix_scores(active: np.ndarray, labels: np.ndarray, matching: Matching, ks: tuple[int, ...]) -> dict[int, float]:
     """MATCHScore of the first-k prefix of every coalition, for each k."""
-    return {k: float(coalition_f1(active, labels, [c[:k] for c in matching.coalitions]).mean()) for k in ks}
+    return {k: nan_mean(coalition_f1(active, labels, [c[:k] for c in matching.coalitions])) for k in ks}
 
 
 def matching_scores(codes: Codes, data: ConceptData, settings: EvaluateSettings) -> tuple[dict[str, Any], Matching]:
     """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching."""
-    active, active_test = codes.match > 0, codes.test > 0
+    active, active_test = binarise(codes.match, settings.active_threshold), binarise(codes.test, settings.active_threshold)
     scores: dict[str, Any] = {}
     tapas_matching = None
     for beta in settings.betas:
@@ -151,7 +162,7 @@ def matching_scores(codes: Codes, data: ConceptData, settings: EvaluateSettings)
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
     o = one_to_one(active, data.y_match)
-    scores["one_to_one"] = {"match": float(o.score), "test": float(coalition_f1(active_test, data.y_test, o.coalitions).mean())}
+    scores["one_to_one"] = {"match": float(o.score), "test": nan_mean(coalition_f1(active_test, data.y_test, o.coalitions))}
     if tapas_matching is None:
         tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k)
     return scores, tapas_matching
@@ -187,11 +198,11 @@ def fit_family_probes(data: ConceptData, seed: int) -> dict[str, Any]:
 
 def variant_metrics(codes: Codes, data: ConceptData, settings: EvaluateSettings, probes: dict[str, Any], seed: int) -> dict[str, Any]:
     scores, matching = matching_scores(codes, data, settings)
-    before, after = codes.before > 0, codes.after > 0
+    before, after = binarise(codes.before, settings.active_threshold), binarise(codes.after, settings.active_threshold)
     has_pairs = len(before) > 0
-    tapas = tapascore(before, after, data.pairs_added, data.pairs_removed, matching.coalitions) if has_pairs else None
+    tapas = tapascore(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty) if has_pairs else None
     stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions) if has_pairs else None
-    fms_result = fms(codes.test, data.y_test, max_n=settings.fms_max_n, seed=seed)
+    fms_result = fms(codes.test, data.y_test, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
     return {
         "matching": scores,
         "match_score": scores[f"fbmp_b{settings.tapas_beta:g}"]["match"][settings.tapas_k],
@@ -209,7 +220,7 @@ def concept_metrics(model: SparseModel, twin: SparseModel, data: ConceptData, se
     """Every concept metric for the trained model, its untrained twin and random codes, plus the deltas."""
     probes = fit_family_probes(data, seed)
     trained_codes = model_codes(model, data)
-    frequency = (trained_codes.match > 0).mean(axis=0)
+    frequency = binarise(trained_codes.match, settings.active_threshold).mean(axis=0)
     variants = {
         "trained": variant_metrics(trained_codes, data, settings, probes, seed),
         "untrained": variant_metrics(model_codes(twin, data), data, settings, probes, seed),
