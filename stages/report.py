@@ -19,11 +19,17 @@ from pipeline.paths import Layout
 from pipeline.provenance import code_version
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
-from pipeline.report.tables import best_runs, example_table, latent_browser, rates_table, report_images
+from pipeline.report.tables import best_runs, conventions, example_table, latent_browser, rates_table, report_images, separation
 from pipeline.report.thumbnails import png_data_uri
 from stages._cli import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
+
+
+def family_values(data: Dataset) -> dict[str, list[str]]:
+    """Family -> the names of its values (attribute names, in column order), over every kind."""
+    names = data.attribute_names
+    return {family: [names[c] for c in columns] for kind in data.kinds for family, columns in data.families(kind).items()}
 
 
 def example_pairs(data: Dataset, per_kind: int = 6) -> list[dict]:
@@ -92,8 +98,11 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         figures={
             "fvu_vs_k": figures.fvu_vs_k(curves),
             "zero_shot": figures.zero_shot(encoder["zero_shot"]),
+            **({"zero_shot_confusion": figures.zero_shot_confusion(encoder["zero_shot"], family_values(data))}
+               if any("confusion" in row for row in encoder["zero_shot"].values()) else {}),
+            **{f"scores_{kind}": figures.scores_vs_size(runs, kind) for kind in data.kinds},
+            **{f"sanity_summary_{kind}": figures.sanity_summary(runs, kind) for kind in data.kinds},
             **{f"sanity_{kind}": figures.sanity_panel(runs, kind) for kind in data.kinds},
-            **{f"scores_{kind}": figures.scores_vs_size(runs, kind) for kind in data.kinds if any(not r["rotation"] for r in runs)},
             **{f"explain_{kind}": figures.explanation_rates(rows, kind) for kind, rows in best_rates.items()},
             **{f"describes_k_{kind}": figures.describes_vs_k(best_rotations, kind) for kind in rates if best_rotations},
         },
@@ -101,6 +110,8 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         examples=examples,
         rates=rates,
         images=thumbnails(data, *report_images(browser, examples)),
+        separation={kind: separation(runs, kind) for kind in data.kinds},
+        conventions=conventions(params.evaluate),
     )
     html = render(report)
     layout.report.parent.mkdir(parents=True, exist_ok=True)

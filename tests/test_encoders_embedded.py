@@ -335,7 +335,8 @@ def test_zero_shot_accuracy_hand_computed() -> None:
     images[:, 0, 0, 0] = [0, 1, 2, 2]  # predictions: x, y, y (0.8 > 0.6), y
     attributes = np.array([[1, 0], [1, 0], [0, 1], [1, 1]], dtype=bool)  # the last row is not one-hot: skipped
     result = zero_shot_accuracy(FixedEncoder(), images, attributes, {"f": [0, 1]}, {"f": ["x", "y"]})
-    assert result == {"f": {"accuracy": pytest.approx(2 / 3), "chance": 0.5, "n": 3}}
+    # rows 0, 1, 2 (true x, x, y) are predicted x, y, y: confusion [[x->x, x->y], [y->x, y->y]] = [[1, 1], [0, 1]]
+    assert result == {"f": {"accuracy": pytest.approx(2 / 3), "chance": 0.5, "n": 3, "confusion": [[1, 1], [0, 1]]}}
 
 
 def test_zero_shot_accuracy_rejects_bad_inputs() -> None:

@@ -16,7 +16,9 @@ from PIL import Image
 
 from pipeline.report import figures
 from pipeline.report.render import ReportData, image_css, render
+from pipeline.report.tables import conventions, separation
 from pipeline.report.thumbnails import png_data_uri
+from pipeline.scoring.concepts import EvaluateSettings
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
 EVIL = "<script>alert(1)</script>"
@@ -64,8 +66,9 @@ def synthetic_report() -> ReportData:
                "runs": [{"method": "cedar", "run": "cedar-4", "k": 4, "concepts": [["red body", 1.2]],
                          "captions": {"sparse": f"a red {EVIL} circle", "topk_original": "a blue square"},
                          "describes": {"sparse": True, "topk_original": False}}]}
-    encoder = {"encoder_id": "embedded:test", "dim": 16, "zero_shot_mean": 0.7, "chance_mean": 0.2, "train_seconds": 3.0,
-               "zero_shot": {"shape": {"accuracy": 0.8, "chance": 0.17, "n": 40}, "colour": {"accuracy": 0.6, "chance": 0.17, "n": 40}}}
+    encoder = {"encoder_id": "embedded:test", "dim": 16, "zero_shot_mean": 0.7, "chance_mean": 0.2,
+               "zero_shot": {"shape": {"accuracy": 0.8, "chance": 0.5, "n": 40, "confusion": [[18, 2], [6, 14]]},
+                             "colour": {"accuracy": 0.6, "chance": 0.5, "n": 40, "confusion": [[12, 8], [8, 12]]}}}
     curves = [{"run": r["run"], "method": r["method"], "model": "trained", "k": k, "K": float(k), "fvu": 1 / (1 + k), "size": r["size"],
                "rotation": r["rotation"]} for r in runs for k in (1, 2, 4)]
     return ReportData(
@@ -73,8 +76,11 @@ def synthetic_report() -> ReportData:
         dataset={"kinds": {"objects": {"n": 200, "n_attributes": 34, "one_hot": True}}, "n": 200, "n_attributes": 34},
         encoder=encoder, runs=runs,
         figures={"fvu_vs_k": figures.fvu_vs_k(curves), "zero_shot": figures.zero_shot(encoder["zero_shot"]),
+                 "zero_shot_confusion": figures.zero_shot_confusion(encoder["zero_shot"], {"shape": ["circle", EVIL], "colour": ["red", "blue"]}),
+                 "scores_objects": figures.scores_vs_size(runs, "objects"), "sanity_summary_objects": figures.sanity_summary(runs, "objects"),
                  "sanity_objects": figures.sanity_panel(runs, "objects"), "explain_objects": figures.explanation_rates(rates["objects"], "objects"),
                  "describes_k_objects": figures.describes_vs_k(explains, "objects")},
+        separation={"objects": separation(runs, "objects")}, conventions=conventions(EvaluateSettings(active_threshold=0.0)),
         latent_browser=[{"method": "cedar", "run": "cedar-4", "k": 4, "score": 0.6, "named": True, "latents": latents, "pairs": pairs}],
         examples=[example], rates=rates, images=images,
     )

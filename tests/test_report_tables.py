@@ -6,7 +6,18 @@ from __future__ import annotations
 import pytest
 
 from pipeline.explain.run import explain_run
-from pipeline.report.tables import best_run, best_runs, best_score, example_table, latent_browser, rates_table, report_images
+from pipeline.report.tables import (
+    best_run,
+    best_runs,
+    best_score,
+    conventions,
+    example_table,
+    latent_browser,
+    rates_table,
+    report_images,
+    separation,
+)
+from pipeline.scoring.concepts import EvaluateSettings
 
 
 def metrics(run: str, method: str, objects: float | None, multi: float = 0.0) -> dict:
@@ -46,3 +57,30 @@ def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None
     assert table["objects"][0]["relevance"]["dense_precision"] == 0.5 and table["objects"][0]["sparse"] == 1.0
     assert table["objects"][0]["attribute_precision"] == {"dense": 1.0, "sparse": 1.0, "topk_original": 1.0}
     assert report_images(browser, examples) == ([40, 41, 42, 43], [7])
+
+
+def concept_record(run: str, method: str, trained: float, untrained: float, random: float) -> dict:
+    variant = lambda v: {"match_score": v, "tapas": {"score": v}, "cknna": 0.5, "fms": None}  # noqa: E731
+    return {"run": run, "method": method, "concepts": {"objects": {"trained": variant(trained), "untrained": variant(untrained),
+                                                                    "random": variant(random)}}}
+
+
+def test_separation_counts_runs_where_trained_beats_both_baselines() -> None:
+    runs = [concept_record("a", "m", 0.6, 0.3, 0.2), concept_record("b", "m", 0.4, 0.5, 0.1), concept_record("c", "m", 0.7, 0.1, 0.69)]
+    rows = {row["metric"]: row for row in separation(runs, "objects")}
+    assert (rows["MATCHScore (FBMP)"]["above"], rows["MATCHScore (FBMP)"]["runs"]) == (2, 3)  # b: untrained is higher
+    assert not rows["MATCHScore (FBMP)"]["separates"]  # 2/3 < 80%
+    assert (rows["CKNNA"]["above"], rows["CKNNA"]["separates"]) == (0, False)  # ties are not above
+    assert rows["FMS"]["runs"] == 0 and not rows["FMS"]["separates"]  # undefined everywhere: nothing counted
+    assert separation(runs[:1], "objects")[0]["separates"]
+
+
+def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
+    published = conventions(EvaluateSettings())
+    assert [c["deviation"] for c in published] == [False] * 4
+    assert published[0]["value"] == "1e-08" and published[1]["value"] == "counts as 0"
+    ours = {c["convention"]: c for c in conventions(EvaluateSettings(active_threshold=0.0, tapas_empty="skip", fms_removals=(1,),
+                                                                    fms_levels="paper"))}
+    assert all(c["deviation"] for c in ours.values())
+    assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "is left out"
+    assert ours["FMS: removals averaged"]["published"] == "1..9"

@@ -20,7 +20,8 @@ def zero_shot_accuracy(
     columns. prompts: family -> one prompt per column, in the same order. An image's prediction in a
     family is the prompt of highest cosine similarity; it counts against the true attribute, on the
     images where exactly one of the family's attributes is true (n, in the result; accuracy is NaN when
-    n = 0). Returns family -> {"accuracy", "chance" (1 / family size), "n"}.
+    n = 0). Returns family -> {"accuracy", "chance" (1 / family size), "n", "confusion"}: the confusion matrix is
+    (k, k) counts, row = true value, column = predicted, in the family's column order.
     """
     check_images(images)
     if not isinstance(attributes, np.ndarray) or attributes.dtype != np.bool_ or attributes.ndim != 2:
@@ -53,5 +54,8 @@ def zero_shot_accuracy(
         truth = np.argmax(labels[valid], axis=1)
         predicted = np.argmax(image_emb[valid] @ family_text.T, axis=1)
         n = int(valid.sum())
-        result[family] = {"accuracy": float(np.mean(predicted == truth)) if n else float("nan"), "chance": 1.0 / len(columns), "n": n}
+        k = len(columns)
+        confusion = np.bincount(truth * k + predicted, minlength=k * k).reshape(k, k)
+        result[family] = {"accuracy": float(np.mean(predicted == truth)) if n else float("nan"), "chance": 1.0 / k, "n": n,
+                          "confusion": confusion.tolist()}
     return result

@@ -31,6 +31,8 @@ class ReportData:
     examples: list[dict[str, Any]] = field(default_factory=list)  # `example_table(...)`
     rates: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # `rates_table(...)`: kind -> one row per run
     images: dict[str, str] = field(default_factory=dict)  # thumbnail key ("r12": dataset row, "p3b"/"p3a": pair) -> PNG data URI
+    separation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> `tables.separation(...)`
+    conventions: list[dict[str, Any]] = field(default_factory=list)  # `tables.conventions(...)`
 
 
 #: what a thumbnail key and its data URI may contain: they are written into a <style> block, where HTML

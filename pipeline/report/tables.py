@@ -1,11 +1,13 @@
 """The report's tables, built from what the evaluate stages wrote (metrics.json, explain.json): no recomputation.
 
 - choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run), `best_run`;
-- the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`.
+- the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`;
+- the sanity check in numbers (`separation`) and the evaluation conventions in use (`conventions`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -109,3 +111,46 @@ def report_images(browser: list[dict[str, Any]], examples: list[dict[str, Any]])
     rows = {row for b in browser for latent in b["latents"] for row in latent["top_images"]} | {e["row"] for e in examples}
     pairs = {p["pair"] for b in browser for p in b["pairs"]}
     return sorted(rows), sorted(pairs)
+
+
+# --- the sanity check and the conventions ----------------------------------------------------------------
+#: (key, title) of the concept metrics the sanity check compares; TAPAScore and FBMP matching are the ones the
+#: published finding expects to separate trained from untrained and random codes
+SEPARATION_METRICS = (("match_score", "MATCHScore (FBMP)"), ("tapas", "TAPAScore"), ("cknna", "CKNNA"), ("fms", "FMS"))
+
+
+def _variant_value(variant: dict[str, Any], key: str) -> float | None:
+    value = (variant.get("tapas") or {}).get("score") if key == "tapas" else variant.get(key)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def separation(runs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """Per concept metric, in how many runs the trained codes score above both the untrained twin and random codes
+    on `kind` (runs where a value is undefined are not counted). `separates`: in at least 80% of the counted runs."""
+    out = []
+    for key, title in SEPARATION_METRICS:
+        counted = above = 0
+        for metrics in runs:
+            variants = metrics["concepts"][kind]
+            trained, untrained, random = (_variant_value(variants[v], key) for v in ("trained", "untrained", "random"))
+            if trained is None or untrained is None or random is None:
+                continue
+            counted += 1
+            above += trained > max(untrained, random)
+        out.append({"metric": title, "runs": counted, "above": above, "separates": bool(counted) and above >= 0.8 * counted})
+    return out
+
+
+def conventions(evaluate: Any) -> list[dict[str, Any]]:
+    """The evaluation conventions in use against the published ones (the defaults of `EvaluateSettings`): what the
+    report's numbers mean, and where this run deliberately deviates."""
+    rules = [
+        ("active_threshold", "binarisation: a latent is active above", lambda v: f"{v:g}"),
+        ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"zero": "counts as 0", "skip": "is left out"}[v]),
+        ("fms_removals", "FMS: removals averaged", lambda v: ", ".join(map(str, v)) if len(v) < 4 else f"{v[0]}..{v[-1]}"),
+        ("fms_levels", "FMS: global term over", lambda v: {"published": "all levels but the root split, with the no-split level",
+                                                           "paper": "levels 2..D (the paper's formula)"}[v]),
+    ]
+    defaults = {f.name: f.default for f in dataclasses.fields(type(evaluate))}
+    return [{"convention": text, "value": show(getattr(evaluate, name)), "published": show(defaults[name]),
+             "deviation": getattr(evaluate, name) != defaults[name]} for name, text, show in rules]
