@@ -14,10 +14,11 @@ never accepted (`allow_inf_nan=False`). An int is accepted where a float is expe
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, TypeVar
+import math
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BeforeValidator, ConfigDict, Field, Strict
+from pydantic import BeforeValidator, ConfigDict, Field, PlainValidator, Strict
 from pydantic.dataclasses import dataclass
 
 T = TypeVar("T")
@@ -48,6 +49,18 @@ PositiveFloat = Annotated[float, Strict(), Field(gt=0), _NUMBER]
 NonNegativeFloat = Annotated[float, Strict(), Field(ge=0), _NUMBER]
 Fraction = Annotated[float, Strict(), Field(ge=0, le=1), _NUMBER]
 OpenFraction = Annotated[float, Strict(), Field(ge=0, lt=1), _NUMBER]
+
+
+def _positive_or_auto(value: object) -> float | str:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"expected a finite number > 0 or 'auto', got {value!r}")
+    return float(value)
+
+
+#: a positive finite number, or "auto" (the component computes it; e.g. the training loop's learning rate)
+PositiveOrAuto = Annotated[float | Literal["auto"], PlainValidator(_positive_or_auto)]
 
 
 def settings(cls: type[T]) -> type[T]:

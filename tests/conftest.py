@@ -33,7 +33,7 @@ def identity_run() -> dict:
     model = build("identity", 4, 4, 1)
     model.mean = b
     settings = DecoderSettings(width=32, heads=2, layers=1, dropout=0.0, drop_max=0.0, noise_std=0.0, device="cpu",
-                               train=TrainSettings(epochs=60, batch_size=4, lr=5e-3, weight_decay=0.01, min_lr_frac=0.0))
+                               train=TrainSettings(epochs=60, min_steps=0, batch_size=4, lr=5e-3, weight_decay=0.01, min_lr_frac=0.0))
     decoder, _ = train_decoder(x, CAPTIONS, settings, seed=0)
     assert decode_captions(decoder, x) == CAPTIONS  # memorised: the rates below are then exact
     kind = KindData(kind="objects", rows=np.array([40, 41, 42, 43]), x=x, attributes=np.eye(4, dtype=bool), attribute_names=COLOURS,

@@ -240,14 +240,14 @@ def test_inference_cache_follows_changes_to_A() -> None:
     with torch.no_grad():
         model.A[0, 1] = 0.3
     assert not np.allclose(model.rotation, first)
-    state = {"A": torch.zeros(4, 4), "b": torch.zeros(4)}
+    state = {"A": torch.zeros(4, 4), "b": torch.zeros(4), "base": torch.eye(4)}
     model.load_state_dict(state)
     np.testing.assert_allclose(model.rotation, np.eye(4), atol=1e-7)
 
 
 def test_fit_convenience_recovers_planted_axes() -> None:
     p = planted(3000, 16, 3, noise=0.01, seed=1)
-    model = fit_cedar(p.x, 3, seed=0, epochs=6, batch_size=128, parametrization="householder")
+    model = fit_cedar(p.x, 3, seed=0, epochs=6, min_steps=0, lr=1e-2, batch_size=128, parametrization="householder")
     assert isinstance(model, Cedar) and model.options.parametrization == "householder" and not model.training
     assert axis_recovery(model.rotation, p.q) > 0.95
     with pytest.raises(ValueError, match="unknown options"):
@@ -299,3 +299,27 @@ def test_clear_input_errors() -> None:
         Cedar(d=4, n_latents=4, k=5)
     with pytest.raises(AttributeError):
         model.rotation = np.eye(4)  # CEDAR's rotation is learned from A
+
+
+def test_pca_init_starts_at_the_pca_baseline_and_l2_loss_is_the_squared_error() -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((500, 6)) * np.array([3.0, 2.0, 1.5, 1.0, 0.5, 0.2])).astype(np.float32)
+    cedar = build("cedar", 6, 6, 2, seed=0, init="pca", random_k="none", curriculum_frac=0.0)
+    pca = build("pca", 6, 6, 2, seed=0)
+    for model in (cedar, pca):
+        model.fit_init(torch.as_tensor(x))
+    np.testing.assert_allclose(cedar.rotation, pca.rotation, atol=1e-6)
+    np.testing.assert_allclose(cedar.encode(x), pca.encode(x), atol=1e-5)
+    with torch.no_grad():
+        cedar.A.add_(0.1 * torch.randn(6, 6))  # a learned rotation on top of B stays exactly orthogonal
+    u = cedar.rotation
+    np.testing.assert_allclose(u @ u.T, np.eye(6), atol=1e-5)
+    l2 = build("cedar", 6, 6, 2, seed=0, loss="l2", random_k="none", curriculum_frac=0.0)
+    l2.fit_init(torch.as_tensor(x))
+    batch = torch.as_tensor(x[:32])
+    loss, stats = l2.training_loss(batch, 1.0, torch.Generator())
+    expected = ((batch - l2(batch, 2)) ** 2).sum(1).mean()
+    torch.testing.assert_close(loss, expected)
+    assert set(stats) >= {"l2", "l0"}
+    with pytest.raises(ValueError, match="at least 6 rows"):
+        build("cedar", 6, 6, 2, init="pca").fit_init(torch.as_tensor(x[:3]))

@@ -125,7 +125,7 @@ def open_clip_project(root: Path) -> Path:
     model.fit_init(torch.as_tensor(x))
     save_model(model, layout.model("cedar-4"))
     decoder, _ = train_decoder(x, [f"a {c} thing" for c in ["red", "blue", "green"] * 8],
-                               DecoderSettings(width=16, heads=2, layers=1, train=TrainSettings(epochs=2, batch_size=8)), seed=0)
+                               DecoderSettings(width=16, heads=2, layers=1, train=TrainSettings(epochs=2, min_steps=0, batch_size=8)), seed=0)
     save_decoder(decoder, layout.captions)
     texts = ["red", "blue", "green", "thing"]
     write_array(layout.concept_embeddings, encoder.encode_texts(texts), fingerprint={"test": True}, attrs={"texts": texts})

@@ -92,7 +92,7 @@ def test_method_options_are_checked_against_the_model_signature():
     assert "methods.cedar.no_such_option: unknown key" in error_of(raw)
     raw = tiny()
     raw["methods"]["topk"] = {"train": {"lr": -1}}
-    assert "methods.topk.train.lr: Input should be greater than 0" in error_of(raw)
+    assert "methods.topk.train.lr: expected a finite number > 0 or 'auto', got -1" in error_of(raw)
 
 
 def test_per_method_train_overrides_apply():

@@ -18,7 +18,7 @@ from pipeline.training.loop import TrainSettings
 
 # a small, augmentation-free configuration that memorises 20 pairs in a few seconds
 OVERFIT = DecoderSettings(width=64, layers=2, heads=4, dropout=0.0, drop_max=0.0, noise_std=0.0,
-                          train=TrainSettings(epochs=150, batch_size=20, lr=3e-3, weight_decay=0.01, min_lr_frac=0.0))
+                          train=TrainSettings(epochs=150, min_steps=0, batch_size=20, lr=3e-3, weight_decay=0.01, min_lr_frac=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_max_len_caps_the_number_of_tokens(pairs: tuple[np.ndarray, list[str]], 
 
 def test_training_is_deterministic_and_history_is_filled(pairs: tuple[np.ndarray, list[str]]) -> None:
     x, captions = pairs
-    settings = DecoderSettings(width=32, heads=2, layers=1, train=TrainSettings(epochs=3, batch_size=8, lr=2e-3))
+    settings = DecoderSettings(width=32, heads=2, layers=1, train=TrainSettings(epochs=3, min_steps=0, batch_size=8, lr=2e-3))
     first, history = train_decoder(x, captions, settings, seed=5)
     second, _ = train_decoder(x, captions, settings, seed=5)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):

@@ -107,7 +107,7 @@ def test_oracle_fvu_is_zero_without_noise_and_falls_with_k() -> None:
 @pytest.fixture(scope="module")
 def recovery_case():
     p = planted(4000, 16, 3, noise=0.01, seed=0)
-    model = fit(p.x, 3, seed=0, epochs=6, batch_size=128)
+    model = fit(p.x, 3, seed=0, epochs=6, min_steps=0, lr=1e-2, batch_size=128)
     return p, model
 
 

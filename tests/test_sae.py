@@ -514,7 +514,7 @@ def test_training_on_planted_sparse_data_lowers_fvu(method: str) -> None:
     # window; at d = 16 the default window (1e-3 * sqrt(16)) is narrow, so give it a wider window and a
     # larger lr for this short run (with the defaults it reaches FVU ~0.43).
     extra = {"lr": 1e-2, "bandwidth": 0.01} if method == "jumprelu" else {"lr": 5e-3}
-    model = fit(x, method, dict_size=64, k=4, seed=0, epochs=20, patience=20, device="cpu", **extra, **options)
+    model = fit(x, method, dict_size=64, k=4, seed=0, epochs=20, min_steps=0, patience=20, device="cpu", **extra, **options)
     trained_fvu, untrained_fvu = fvu(model, x), fvu(untrained, x)
     assert trained_fvu < 0.45 and trained_fvu < 0.5 * untrained_fvu, (trained_fvu, untrained_fvu)
     if method in ("topk", "batchtopk", "matryoshka", "matryoshka_prefix"):

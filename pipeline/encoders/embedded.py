@@ -42,7 +42,8 @@ CONFIG_FILE = "config.json"
 MAX_LOGIT_SCALE = math.log(100.0)  # CLIP's clamp: temperature never below 1/100
 
 #: the loop settings of the embedded model: AdamW with weight decay, cosine to 0, no gradient clipping
-EMBEDDED_TRAIN = TrainSettings(epochs=15, batch_size=128, lr=2e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0, grad_clip=0.0)
+EMBEDDED_TRAIN = TrainSettings(epochs=15, min_steps=0, batch_size=128, lr=2e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0,
+                               grad_clip=0.0)
 
 
 @settings

@@ -51,7 +51,7 @@ CONFIG_FILE = "config.json"
 _IGNORE = -100  # cross-entropy target of padded positions
 
 #: the loop settings of the decoder: AdamW, cosine decay to 0, gradient norm clipped to 1
-DECODER_TRAIN = TrainSettings(epochs=8, batch_size=64, lr=2e-3, weight_decay=0.01, warmup_frac=0.05, min_lr_frac=0.0, grad_clip=1.0)
+DECODER_TRAIN = TrainSettings(epochs=8, min_steps=0, batch_size=64, lr=2e-3, weight_decay=0.01, warmup_frac=0.05, min_lr_frac=0.0, grad_clip=1.0)
 
 
 @settings

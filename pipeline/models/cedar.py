@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.rotations import RotationModel
+from pipeline.models.rotations import RotationModel, principal_axes, topk_abs
 from pipeline.settings import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, settings
 
 Parametrization = Literal["expm", "cayley", "householder"]
@@ -132,6 +132,10 @@ class Cedar(RotationModel):
     - `init_scale` (0.8): size of the random init, scaled by 1/sqrt(d) so that the initial
       rotation angles (about 2.8 * init_scale radians at most) do not depend on d; 0.8 is
       the value that escaped the plateau above.
+      "pca": U = orth(A) B with B the principal axes of the `fit_init` sample (a buffer, fixed) and A = 0,
+      so training starts at the PCA baseline and learns a rotation away from it (needs n >= d rows).
+    - `loss` ("l1", the paper's): mean over the batch of ||z - z^||_1. "l2": the squared error, the
+      objective FVU measures (an option: the FVU-vs-K comparison with PCA, bench/bench_cedar_bases.py).
     - `k_start` (0 = d): k at the start of the dense-to-sparse curriculum. Top-k is not
       smooth and training from the sparse end trains badly (SPEC), so the default starts
       fully dense. Must be 0 or in k..d.
@@ -157,7 +161,8 @@ class Cedar(RotationModel):
         """See the class docstring."""
 
         parametrization: Parametrization = "expm"
-        init: Literal["identity", "random"] = "identity"
+        init: Literal["identity", "random", "pca"] = "identity"
+        loss: Literal["l1", "l2"] = "l1"
         init_scale: NonNegativeFloat = 0.8
         k_start: NonNegativeInt = 0
         curriculum_frac: Fraction = 0.5
@@ -171,6 +176,7 @@ class Cedar(RotationModel):
         if not (opts.k_start == 0 or k <= opts.k_start <= d):
             raise ValueError(f"cedar: k_start must be 0 (= d) or in k..d = {k}..{d}, got {opts.k_start}")
         self.A = nn.Parameter(torch.zeros(d, d))
+        self.register_buffer("base", torch.eye(d))  # B of U = orth(A) B: the identity, or PCA's axes (init "pca")
         if opts.init == "random":
             with torch.no_grad():
                 self.A.normal_(0.0, opts.init_scale / math.sqrt(d))
@@ -178,19 +184,31 @@ class Cedar(RotationModel):
 
     # --- the rotation -----------------------------------------------------------------
     def rotation_matrix(self) -> Tensor:
-        """U = orth(A) (d, d), rows = axes.
+        """U = orth(A) B (d, d), rows = axes; B is the identity unless the model was initialised at PCA.
 
         With gradients enabled it is recomputed on every call (callers compute it once per
-        step). Without gradients (inference) it is cached until A changes: the key is A's
-        in-place version counter and storage, which optimiser steps, `load_state_dict` and
+        step). Without gradients (inference) it is cached until A or B changes: the key is their
+        in-place version counters and storage, which optimiser steps, `load_state_dict` and
         `.to()` all change. (Writing through `A.data` bypasses the counter; don't.)
         """
         if torch.is_grad_enabled():
-            return ORTHOGONAL_MAPS[self.options.parametrization](self.A)
-        key = (self.A._version, self.A.data_ptr(), self.A.device, self.A.dtype)
+            return ORTHOGONAL_MAPS[self.options.parametrization](self.A) @ self.base
+        key = (self.A._version, self.A.data_ptr(), self.base._version, self.base.data_ptr(), self.A.device, self.A.dtype)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, ORTHOGONAL_MAPS[self.options.parametrization](self.A).detach())
+            self._cache = (key, (ORTHOGONAL_MAPS[self.options.parametrization](self.A) @ self.base).detach())
         return self._cache[1]
+
+    def min_fit_rows(self) -> int:
+        """PCA's axes need n >= d rows; otherwise a mean needs one."""
+        return self.d if self.options.init == "pca" else 1
+
+    def fit_init(self, x: Tensor) -> None:
+        """b = the sample mean; with init "pca" also B = the sample's principal axes (signs fixed)."""
+        super().fit_init(x)
+        if self.options.init == "pca":
+            centred = x.detach().cpu().double().numpy() - self.b.detach().cpu().double().numpy()
+            with torch.no_grad():
+                self.base.copy_(torch.as_tensor(principal_axes(centred)[0], dtype=self.base.dtype))
 
     def train(self, mode: bool = True) -> "Cedar":
         self._cache = None
@@ -213,13 +231,17 @@ class Cedar(RotationModel):
         return curriculum_k(progress, self.k, self.k_begin, self.options.curriculum_frac, self.options.curriculum_shape)
 
     def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
-        """Mean L1 reconstruction loss at this batch's k; U computed once.
+        """Mean reconstruction loss (L1, or squared error with loss "l2") at this batch's k; U computed once.
 
-        Stats: l0 (the batch's k = the exact number of active coordinates), k_curriculum, l1.
+        Stats: l0 (the batch's k = the exact number of active coordinates), k_curriculum, and the loss's name.
         """
         x = self._prepare(x)
         k_current = self.curriculum_k(progress)
         k = sample_k(k_current, self.options.random_k, self.options.random_k_min, generator)
-        loss, _ = self._loss(x, self.rotation_matrix(), k)
-        return loss, {"l0": torch.tensor(float(k)), "k_curriculum": torch.tensor(float(k_current)), "l1": loss.detach()}
+        u = self.rotation_matrix()
+        if self.options.loss == "l1":
+            loss, _ = self._loss(x, u, k)
+        else:
+            loss = (x - self._decode(topk_abs(self._rotate(x, u), k), u)).pow(2).sum(dim=1).mean()
+        return loss, {"l0": torch.tensor(float(k)), "k_curriculum": torch.tensor(float(k_current)), self.options.loss: loss.detach()}
 

@@ -13,6 +13,8 @@ METHOD_COLOURS = {
     "relu": "#7b4bc4", "topk": "#0e8a8a", "batchtopk": "#c4458a", "jumprelu": "#8a6d0e", "matryoshka": "#2f9e44",
     "matryoshka_prefix": "#d9480f",
 }
+#: CEDAR trained at several k: shades of its colour, one per trained k
+CEDAR_SHADES = ["#2458c6", "#5b8def", "#0b2e7a", "#93b4f5"]
 FALLBACK_COLOURS = ["#364fc7", "#087f5b", "#e67700", "#862e9c", "#c92a2a", "#495057"]
 
 
@@ -57,15 +59,17 @@ def fvu_vs_k(curves: list[dict[str, Any]]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=["rotations of the embedding space (d latents)", "sparse autoencoders"],
                         horizontal_spacing=0.08)
     shown_twin = False
+    cedar_labels = sorted({label for label, _ in _rotation_curves(curves) if label.startswith("cedar")})
     for (label, model), points in sorted(_rotation_curves(curves).items()):
         points = sorted(points, key=lambda p: p["K"])
         method = points[0]["method"]
         trained = model == "trained"
+        colour = CEDAR_SHADES[cedar_labels.index(label) % len(CEDAR_SHADES)] if method == "cedar" else method_colour(method)
         for col in (1, 2) if (method == "cedar" and trained) else (1,):
             fig.add_trace(go.Scatter(
                 x=[p["K"] for p in points], y=[p["fvu"] for p in points], mode="lines+markers", name=label if trained else "untrained twins",
                 legendgroup=label if trained else "untrained", showlegend=(trained and col == 1) or (not trained and not shown_twin),
-                line={"color": method_colour(method), "dash": "solid" if trained and col == 1 else "dash"},
+                line={"color": colour, "dash": "solid" if trained and col == 1 else "dash"},
                 marker={"size": 5}, opacity=1.0 if trained else 0.6, visible=True if trained else "legendonly",
                 hovertemplate=f"{label} ({model})<br>K=%{{x:.2f}}<br>FVU=%{{y:.4f}}<extra></extra>"), row=1, col=col)
             shown_twin |= not trained
@@ -89,12 +93,12 @@ def fvu_vs_k(curves: list[dict[str, Any]]) -> go.Figure:
             visible = [trace.visible for trace in fig.data[:n_fixed]]
             visible += [(True if trace.legendgroup != "untrained" else "legendonly") if trace.meta == size else False for trace in fig.data[n_fixed:]]
             buttons.append({"label": f"{size} latents", "method": "restyle", "args": [{"visible": visible}]})
-        fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.16,
+        fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.12, "yanchor": "bottom",
                                         "buttons": buttons, "active": len(sizes) // 2, "showactive": True}])
     ticks = _log2_ticks([p["K"] for p in curves])
     fig.update_xaxes(type="log", title_text="K (mean active latents, L0)", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     fig.update_yaxes(title_text="FVU (test split)", rangemode="tozero", row=1, col=1)
-    fig.update_layout(template="plotly_white", height=470, margin={"t": 70}, legend={"orientation": "h", "y": -0.22})
+    fig.update_layout(template="plotly_white", height=500, margin={"t": 100}, legend={"orientation": "h", "y": -0.22})
     return fig
 
 
@@ -205,11 +209,11 @@ def scores_vs_size(runs: list[dict[str, Any]], kind: str) -> go.Figure:
     if len(ks) > 1:
         buttons = [{"label": f"k = {k}", "method": "restyle",
                     "args": [{"visible": [True if trace.meta is None or trace.meta == k else False for trace in fig.data]}]} for k in ks]
-        fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.2,
+        fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.14, "yanchor": "bottom",
                                         "buttons": buttons, "active": ks.index(chosen), "showactive": True}])
     sizes = sorted({r["size"] for r in runs})
     fig.update_xaxes(type="log", title_text="latents (dictionary size; rotations: d)", tickvals=sizes, ticktext=[str(v) for v in sizes])
-    fig.update_layout(template="plotly_white", height=430, margin={"t": 80}, legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(template="plotly_white", height=460, margin={"t": 110}, legend={"orientation": "h", "y": -0.25})
     return fig
 
 

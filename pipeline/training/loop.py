@@ -39,9 +39,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from pipeline.settings import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt, settings
+from pipeline.settings import Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, PositiveOrAuto, settings
 from pipeline.training.device import Device, resolve_device
-from pipeline.training.schedule import lr_factor
+from pipeline.training.schedule import lr_factor, plan
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +54,21 @@ class TrainSettings:
     """The loop's options, shared by every trained component (params.yaml `train:` for the sparse models, the
     `train:` blocks of `encoder` and `captions`).
 
-    batch_size: rows per optimiser step. epochs: passes over the data. lr: peak learning rate (AdamW).
+    batch_size: rows per optimiser step. epochs: passes over the data (at least). min_steps: the run makes at least
+    this many optimiser steps (whole epochs), so a small data set is trained to convergence. lr: peak learning rate
+    (AdamW), or "auto" = 0.5 / sqrt(total steps) clipped to [5e-4, 1e-2] (`pipeline.training.schedule.plan`).
     weight_decay: decoupled weight decay on weight matrices (0 = Adam). warmup_frac: fraction of the steps of
     linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
     norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
     with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
     initialisation sees (means, PCA, thresholds). device: "auto" (cuda when present), "cpu", "cuda[:i]", "mps".
-    Defaults follow the published SAE settings (Adam, lr 5e-4, batch 256).
+    Defaults: the published SAE settings (Adam, batch 256; lr 5e-4 at scale) with the budget rule for small data.
     """
 
     batch_size: PositiveInt = 256
     epochs: PositiveInt = 20
-    lr: PositiveFloat = 5e-4
+    min_steps: NonNegativeInt = 2000
+    lr: PositiveOrAuto = "auto"
     weight_decay: NonNegativeFloat = 0.0
     warmup_frac: Fraction = 0.05
     min_lr_frac: Fraction = 0.1
@@ -141,12 +144,12 @@ def to_device(batch: Any, device: torch.device) -> Any:
     raise TypeError(f"batch: expected a tensor, a numpy array or a tuple of them, got {type(batch).__name__}")
 
 
-def make_optimizer(module: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW with weight decay on parameters of two or more dimensions only (biases, gains, scalars undecayed)."""
     params = [p for p in module.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 
 
 def fit(
@@ -170,8 +173,9 @@ def fit(
     name = name or type(module).__name__
     device = resolve_device(settings.device)
     module.to(device)
-    optimizer = make_optimizer(module, settings)
-    total = max(1, settings.epochs * steps_per_epoch)
+    epochs, lr = plan(settings.epochs, settings.min_steps, settings.lr, steps_per_epoch)
+    optimizer = make_optimizer(module, lr, settings.weight_decay)
+    total = max(1, epochs * steps_per_epoch)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, settings.warmup_frac, settings.min_lr_frac))
     best_weights = copy.deepcopy(module.state_dict())
     state = TrainState()
@@ -180,7 +184,7 @@ def fit(
         state, best_weights = resumed
         log.info("%s: resuming after epoch %d", name, state.epoch)
         for group in optimizer.param_groups:
-            group["lr"] = settings.lr * lr_factor(state.step, total, settings.warmup_frac, settings.min_lr_frac)
+            group["lr"] = lr * lr_factor(state.step, total, settings.warmup_frac, settings.min_lr_frac)
         schedule.last_epoch = state.step
     monitor = validation.monitor if validation is not None else None
     stopped_early = False
@@ -189,10 +193,10 @@ def fit(
         torch.manual_seed(seed)
         generator = torch.Generator(device=device)
         module.train()
-        for epoch in range(state.epoch, settings.epochs):
+        for epoch in range(state.epoch, epochs):
             generator.manual_seed(seed * 1_000_003 + epoch)
             record = _epoch(module, batches(epoch), steps_per_epoch, optimizer, schedule, settings, state, total, generator, device,
-                            f"{name} epoch {epoch + 1}/{settings.epochs}")
+                            f"{name} epoch {epoch + 1}/{epochs}")
             if validation is not None:
                 module.eval()
                 with torch.no_grad():

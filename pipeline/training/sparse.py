@@ -31,12 +31,6 @@ from pipeline.training.loop import BatchSource, LoadState, SaveState, TrainResul
 
 log = logging.getLogger(__name__)
 
-#: default learning rate of `fit_cedar`. Adam moves each entry of A by about lr per step; the shared SAE default
-#: (5e-4) leaves U near its start on the planted benchmark (axis recovery 0.38 at d = 64 after 20 epochs);
-#: 3e-3 to 1e-2 recovers it (bench/bench_planted.py uses this default).
-CEDAR_LR = 1e-2
-
-
 @torch.no_grad()
 def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
     """FVU (float64, dataset level), mean L0 and dead fraction of `model` at its own k on x_val (n_val, d)."""
@@ -135,10 +129,10 @@ def fit_cedar(x: np.ndarray, k: int, seed: int = 0, **options: Any) -> SparseMod
     """Train a CEDAR rotation on an in-memory float array x (n, d); returns it in eval mode.
 
     `options` takes Cedar options (parametrization, curriculum_frac, ...) and `TrainSettings` fields in one flat
-    namespace; the learning rate defaults to `CEDAR_LR`. Early-stopping patience counts only once the curriculum
-    has reached the target k.
+    namespace (defaults: the budget rule of `pipeline.training.schedule`, as for every model). Early-stopping
+    patience counts only once the curriculum has reached the target k.
     """
     x = _check_x(x, "fit_cedar")
-    model_options, settings = split_options("cedar", {"lr": CEDAR_LR, **options}, "fit_cedar")
+    model_options, settings = split_options("cedar", options, "fit_cedar")
     model = build("cedar", d=x.shape[1], dict_size=x.shape[1], k=k, seed=seed, **model_options)
     return fit_array(model, x, settings, seed).module  # type: ignore[return-value]
