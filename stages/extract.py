@@ -36,15 +36,18 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chu
                 attrs: dict[str, Any], desc: str) -> None:
     """Stream `images` (uint8 (n, H, W, 3)) through the encoder into a float32 (n, d) store, resumably.
 
-    A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept.
+    A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept if every
+    chunk passes its checksum.
     """
     if out.exists():
         try:
-            if open_store(out).attrs.get("fingerprint") == json.loads(json.dumps(fingerprint)):
+            store = open_store(out)
+            if store.attrs.get("fingerprint") == json.loads(json.dumps(fingerprint)):
+                store.verify()  # every chunk's checksum: a damaged store is written again, never kept
                 log.info("%s: already complete, kept", out)
                 return
-        except StoreError:
-            pass
+        except StoreError as e:
+            log.warning("%s; writing it again", e)
     writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images), chunk_rows=chunk_rows)
     with tqdm(total=len(images), initial=writer.n_rows, desc=desc, unit="img") as bar:
         for start in range(writer.n_rows, len(images), batch_size):
