@@ -128,7 +128,7 @@ class Params(BaseModel):
             if len(set(values)) != len(values):
                 problems.append(f"{name}: duplicate values {list(values)}")
         for method in [*rotation.methods, *sae.methods]:
-            if method not in self.methods:
+            if method in METHODS and method not in self.methods:  # an unknown one is reported above
                 problems.append(f"methods.{method}: missing (every swept method needs an entry; `{method}: {{}}` uses the defaults)")
         for method, options in self.methods.items():
             if method not in METHODS:
@@ -210,12 +210,16 @@ _UNION_TAGS = {("data", t) for t in ("scenes", "folders", "cub", "coco", "syn")}
 def _format(error: ValidationError, prefix: str = "") -> list[str]:
     lines = []
     for e in error.errors():
-        parts = [p for i, p in enumerate(e["loc"]) if not (i and (e["loc"][i - 1], p) in _UNION_TAGS)]
+        parts = [p for i, p in enumerate(e["loc"]) if not (i and (e["loc"][i - 1], p) in _UNION_TAGS) and p != "[key]"]
         loc = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in parts).replace(".[", "[")
         key = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = "unknown key"
+        if e["type"] == "union_tag_invalid":  # name the tag's key and value, not the whole mapping
+            tag = e["ctx"]["discriminator"].strip("'")
+            lines.append(f"{key}.{tag}: unknown {tag} {e['ctx']['tag']!r} (expected one of {e['ctx']['expected_tags']})")
+            continue
         if not loc:  # our own cross-field validator: its lines already name their keys
             lines.extend(msg.splitlines())
         else:
@@ -280,6 +284,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path}: no such file (run `cedar preset default` to create one)")
     try:
         raw = read_yaml(path.read_text(), str(path))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        context = f" ({e.context}, line {e.context_mark.line + 1})" if e.context and e.context_mark else ""
+        raise ParamsError(f"{path}{where}: not valid YAML: {e.problem}{context}") from None
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     return validate_params(raw, str(path))

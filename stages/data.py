@@ -20,10 +20,12 @@ from pipeline.config import Params, ParamsError, load_params, split_problems
 from pipeline.data.dataset import write_dataset
 from pipeline.data.sources import read_source
 from pipeline.paths import Layout
-from pipeline.provenance import code_version
 from pipeline.records import write_json
 from pipeline.store import replace_dir
-from stages._cli import exit_with, parser, run_main
+from stages._cli import code_digest, exit_with, parser, run_main
+
+#: the code that decides the dataset's content (dvc.yaml lists each as a dependency of the stage; a test checks it)
+DATA_CODE = ("pipeline/data", "pipeline/store.py", "stages/data.py")
 
 
 def run(params: Params, layout: Layout) -> None:
@@ -36,7 +38,7 @@ def run(params: Params, layout: Layout) -> None:
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    provenance = {"producer": "stages.data", "code": code_version(layout.root), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
+    provenance = {"producer": "stages.data", "code": code_digest(DATA_CODE), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
     write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
     write_json(tmp / layout.bad_images.name, source.bad_images)
     replace_dir(tmp, final)

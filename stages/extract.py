@@ -25,9 +25,12 @@ from pipeline.data.dataset import open_dataset
 from pipeline.encoders.base import Encoder
 from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest
+from pipeline.provenance import digest
 from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir, write_array
-from stages._cli import exit_with, parser, run_main
+from stages._cli import code_digest, exit_with, parser, run_main
+
+#: the code that decides the embeddings (dvc.yaml lists each as a dependency of the stage; a test checks it)
+EXTRACT_CODE = ("pipeline/encoders", "pipeline/store.py", "stages/extract.py")
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +65,8 @@ def run(params: Params, layout: Layout) -> None:
     encoder = open_encoder(layout.encoder)
     tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"])}
-    attrs = {"producer": "stages.extract", "code": code_version(layout.root), "encoder": encoder.id, "dim": encoder.dim}
+    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE)}
+    attrs = {"producer": "stages.extract", "encoder": encoder.id, "dim": encoder.dim}
     bs, chunk = params.extract.batch_size, params.extract.chunk_rows
 
     def inside(path: Path) -> Path:

@@ -32,11 +32,12 @@ from pipeline.grid import Cell
 from pipeline.models import build
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest, source_digest
+from pipeline.provenance import digest
 from pipeline.records import write_json
 from pipeline.store import open_store, replace_dir
 from pipeline.training.resume import load_resume, save_resume
 from pipeline.training.sparse import train_sparse
+from stages._cli import code_digest
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 #: dvc.yaml lists each of them as a dependency of the grid-cell stages (a test checks it).
 TRAINING_CODE = ("pipeline/models", "pipeline/training", "pipeline/settings.py", "pipeline/data/dataset.py", "pipeline/store.py",
                  "stages/train.py")
-CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
@@ -52,7 +52,7 @@ def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_r
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
         "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
-        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": source_digest(TRAINING_CODE, CODE_ROOT),
+        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": code_digest(TRAINING_CODE),
     })
 
 
@@ -109,7 +109,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> Path:
     final = out.with_name(out.name + ".final")
     if final.exists():
         shutil.rmtree(final)
-    provenance = {"run": cell.name, "size": cell.size, "code": code_version(layout.root), "embeddings": embeddings.attrs.get("fingerprint"),
+    provenance = {"run": cell.name, "size": cell.size, "embeddings": embeddings.attrs.get("fingerprint"),
                   "train": dataclasses.asdict(settings), "fingerprint": fingerprint}
     save_model(result.module.cpu(), final, provenance)
     write_json(final / layout.model_history(cell.name).name,

@@ -34,6 +34,15 @@ def test_cell_stages_depend_on_all_training_code_and_keep_their_model():
         assert path.startswith("store/models/") and options == {"persist": True}, "the model must survive a rerun"
 
 
+def test_the_code_digest_a_stage_records_covers_only_its_dvc_dependencies():
+    """What data and extract record as their code (`stages._cli.code_digest`) is code DVC reruns them for."""
+    from stages.data import DATA_CODE
+    from stages.extract import EXTRACT_CODE
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert set(DATA_CODE) <= set(stages["data"]["deps"]) and set(EXTRACT_CODE) <= set(stages["extract"]["deps"])
+
+
 def write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
