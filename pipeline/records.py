@@ -7,9 +7,9 @@ never leaves a half-written file.
 
 Undefined values: a metric that has no value on its input (a concept no code can split, no pair to score)
 returns `Undefined(reason)`, a NaN that carries why. In a record, a NaN under key `x` of a mapping is written as
-`"x": null` next to `"x_undefined": "<reason>"` (the reason of an `Undefined`; for any other NaN or infinity,
-what it was). Arithmetic keeps the reason (`Undefined - 0.3` is the same `Undefined`), so a delta of an undefined
-score says why too. A NaN inside a list is written as null alone.
+`"x": null` next to `"x_undefined": "<reason>"` (the reason of an `Undefined`; "not a number" or "infinite" for
+any other non-finite number). Arithmetic keeps the reason (`Undefined - 0.3` is the same `Undefined`), so a delta
+of an undefined score says why too. A NaN inside a list is written as null alone.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ class Undefined(float):
 
 
 def undefined_reason(value: Any) -> str | None:
-    """Why `value` is not a finite number (an `Undefined`'s reason, else "NaN" or "infinite"), or None for anything else."""
+    """Why `value` is not a finite number (an `Undefined`'s reason, else "not a number" or "infinite"), or None otherwise."""
     if isinstance(value, Undefined):
         return value.reason
     if isinstance(value, (float, np.floating)) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "infinite"
+        return "not a number" if math.isnan(value) else "infinite"
     return None
 
 
