@@ -259,7 +259,7 @@ def resource_problems(params: Params, source: str = "params.yaml") -> list[str]:
         problem = unavailable_offline(params.encoder)
         if problem:
             problems.append(problem)
-    if isinstance(params.data, FileSettings):
+    if isinstance(params.data, FileSettings) and not params.data.on_hub:  # a hub dataset is counted once fetched, by the data stage
         try:
             problems += split_problems(split_counts(params.data, params.seed), params)
         except (OSError, ValueError) as e:  # the loaders' LayoutError is a ValueError

@@ -272,6 +272,8 @@ class Store:
         """`read()` as a numpy array; if it fails, a StoreError naming the first damaged chunk among `chunks`."""
         try:
             return np.asarray(read())
+        except (IndexError, TypeError):  # a selection outside the store: the caller's error, not the store's
+            raise
         except Exception as e:
             for index in chunks:
                 problem = _chunk_problem(self.path, self.array, int(index), read=True)

@@ -160,3 +160,9 @@ def test_a_store_without_checksums_is_refused(tmp_path):
     array[:] = rows(4)
     with pytest.raises(StoreError, match="written without chunk checksums"):
         open_store(path)
+
+
+def test_a_selection_outside_the_store_is_not_reported_as_damage(tmp_path):
+    store = write_array(tmp_path / "x.zarr", rows(8), fingerprint={}, chunk_rows=4)
+    with pytest.raises(IndexError):
+        store.take(np.array([1, 20]))

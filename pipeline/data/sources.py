@@ -91,10 +91,15 @@ class FileSettings:
     on_bad_image: Literal["skip", "fail"] = "skip"
     workers: NonNegativeInt = 2
 
+    @property
+    def on_hub(self) -> bool:
+        """Whether `root` is a hub name (jokl/syncub, jokl/syncoco) that the loader fetches, not a local folder."""
+        return self.source == "syn" and self.root.startswith("jokl/")
+
     @model_validator(mode="after")
     def _root_has_images(self) -> "FileSettings":
-        if self.source == "syn" and self.root.startswith("jokl/"):
-            return self  # a hub name: resolved by the loader, which fails fast offline
+        if self.on_hub:
+            return self  # resolved by the loader, which fails fast offline
         root = Path(self.root)
         if not root.exists():
             raise ValueError(f"root: {self.root}: no such file or directory")
