@@ -8,8 +8,13 @@ Each section is one component's `@settings` dataclass (`pipeline.settings`): `da
 `explain` (`pipeline.explain.run.ExplainSettings`); `extract` and `report` are the stages' own. This module adds
 only what no single component can check: the cross-field rules of the sweep grid.
 
-Unknown keys, wrong types and impossible values fail with one line per problem naming the key
-(e.g. `params.yaml: sweep.sae.ks: k=512 > dictionary size 256`), before any work starts.
+Unknown keys, duplicate keys, wrong types and impossible values fail with one line per problem naming the file,
+the key and the value (e.g. `params.yaml: sweep.sae.ks[1]: k=512 > dictionary size 256`), before any work starts.
+Beyond each component's own rules this module refuses what only the whole file shows: a grid cell that cannot
+exist, `evaluate.ks` / `explain.caption_ks` beyond the latents of the rotation runs (d), `evaluate.match_ks` beyond
+the smallest latent count, and splits too small for the evaluation (`split_problems`: exact for the scene world
+here; a real dataset's file table is counted by `resource_problems`, which `cedar validate` also uses to report
+pretrained weights that are not available offline, and by the data stage once the images are read).
 
 Sweep design: the grid is two DVC `matrix` stages — rotations (CEDAR and the rotation baselines, one latent per
 embedding dimension, so only k varies) and SAEs (method x dictionary size x k). A k larger than a dictionary size
@@ -26,9 +31,9 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.data.sources import DataSettings
+from pipeline.data.sources import DataSettings, FileSettings, ScenesSettings, split_counts
 from pipeline.encoders.embedded import EmbeddedSettings
-from pipeline.encoders.registry import PretrainedSettings
+from pipeline.encoders.registry import PretrainedSettings, unavailable_offline
 from pipeline.explain.decoder import DecoderSettings
 from pipeline.explain.run import ExplainSettings
 from pipeline.grid import Cell, Sweep, cells
@@ -123,16 +128,32 @@ class Params(BaseModel):
             if len(set(values)) != len(values):
                 problems.append(f"{name}: duplicate values {list(values)}")
         for method in [*rotation.methods, *sae.methods]:
-            if method not in self.methods:
+            if method in METHODS and method not in self.methods:  # an unknown one is reported above
                 problems.append(f"methods.{method}: missing (every swept method needs an entry; `{method}: {{}}` uses the defaults)")
         for method, options in self.methods.items():
             if method not in METHODS:
                 problems.append(f"methods.{method}: unknown method (known: {', '.join(sorted(METHODS))})")
                 continue
             problems.extend(_check_options(method, options if options is not None else {}, self.train))
+        problems.extend(self._latent_counts())
+        if isinstance(self.data, ScenesSettings):
+            problems.extend(split_problems(split_counts(self.data, self.seed), self))
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _latent_counts(self) -> list[str]:
+        """K values of the evaluation that no run of the grid has latents for (they would be skipped silently)."""
+        problems = []
+        if self.sweep.rotation.methods and self.d is not None:
+            for name, values in (("evaluate.ks", self.evaluate.ks), ("explain.caption_ks", self.explain.caption_ks)):
+                problems += [f"{name}[{i}]: K={k} > d={self.d}, the latent count of the rotation runs (sweep.rotation)"
+                             for i, k in enumerate(values) if k > self.d]
+        sizes = [size for size in (self.d if self.sweep.rotation.methods else None, *self.sweep.sae.dict_sizes) if size is not None]
+        if sizes and max(self.evaluate.match_ks) > min(sizes):
+            problems.append(f"evaluate.match_ks: coalitions of {max(self.evaluate.match_ks)} latents > {min(sizes)}, the smallest latent count "
+                            "of the grid")
+        return problems
 
     def method_options(self, method: str) -> dict[str, Any]:
         """Validated options of `method` (its `Options` fields, without the `train` override) as a dict."""
@@ -189,17 +210,61 @@ _UNION_TAGS = {("data", t) for t in ("scenes", "folders", "cub", "coco", "syn")}
 def _format(error: ValidationError, prefix: str = "") -> list[str]:
     lines = []
     for e in error.errors():
-        parts = [p for i, p in enumerate(e["loc"]) if not (i and (e["loc"][i - 1], p) in _UNION_TAGS)]
+        parts = [p for i, p in enumerate(e["loc"]) if not (i and (e["loc"][i - 1], p) in _UNION_TAGS) and p != "[key]"]
         loc = ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in parts).replace(".[", "[")
         key = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = "unknown key"
+        if e["type"] == "union_tag_invalid":  # name the tag's key and value, not the whole mapping
+            tag = e["ctx"]["discriminator"].strip("'")
+            lines.append(f"{key}.{tag}: unknown {tag} {e['ctx']['tag']!r} (expected one of {e['ctx']['expected_tags']})")
+            continue
         if not loc:  # our own cross-field validator: its lines already name their keys
             lines.extend(msg.splitlines())
         else:
             lines.append(f"{key}: {msg}" + (f" (got {e['input']!r})" if e["type"] not in ("extra_forbidden", "unexpected_keyword_argument", "missing", "value_error") else ""))
     return lines
+
+
+def split_problems(counts: dict[str, tuple[int, int, int]], params: "Params") -> list[str]:
+    """Splits too small for what the params run on them, one line each. counts: kind -> images in the (train,
+    validation, test) splits. Each kind needs a training image (its concepts are matched there) and
+    max(4, evaluate.cknna_k + 1) test images (CKNNA: k neighbours of every row, at least 4 rows); training needs a
+    validation image."""
+    def key(kind: str) -> str:
+        return f"data.kinds.{kind}.n_images" if isinstance(params.data, ScenesSettings) else f"data.root: {params.data.root}"
+
+    need = max(4, params.evaluate.cknna_k + 1)
+    problems = []
+    for kind, (train, _, test) in counts.items():
+        if train < 1:
+            problems.append(f"{key(kind)}: no training image of kind {kind} (split {list(params.data.split)}); its concepts are matched on "
+                            "the training split")
+        if test < need:
+            problems.append(f"{key(kind)}: {test} test images of kind {kind} (split {list(params.data.split)}); the evaluation needs at least "
+                            f"{need} per kind (CKNNA with evaluate.cknna_k = {params.evaluate.cknna_k} neighbours)")
+    if counts and sum(val for _, val, _ in counts.values()) < 1:
+        problems.append(f"data.split: {list(params.data.split)} leaves no validation image; training validates on that split")
+    return problems
+
+
+def resource_problems(params: Params, source: str = "params.yaml") -> list[str]:
+    """What params name outside this file that is unusable, one line each prefixed by `source`: pretrained weights
+    that are neither local nor in the hub cache while offline (a cache lookup, no download), and a real dataset
+    whose file table gives splits too small for the evaluation. `cedar validate` runs it; it reads directories and
+    caches, so the stages leave it to the stage that loads the resource."""
+    problems = []
+    if isinstance(params.encoder, PretrainedSettings):
+        problem = unavailable_offline(params.encoder)
+        if problem:
+            problems.append(problem)
+    if isinstance(params.data, FileSettings) and not params.data.on_hub:  # a hub dataset is counted once fetched, by the data stage
+        try:
+            problems += split_problems(split_counts(params.data, params.seed), params)
+        except (OSError, ValueError) as e:  # the loaders' LayoutError is a ValueError
+            problems.append(f"data.root: {params.data.root}: {str(e).splitlines()[0]}")
+    return [f"{source}: {line}" for line in problems]
 
 
 def validate_params(raw: Any, source: str = "params.yaml") -> Params:
@@ -218,7 +283,45 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not path.is_file():
         raise ParamsError(f"{path}: no such file (run `cedar preset default` to create one)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text(), str(path))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        context = f" ({e.context}, line {e.context_mark.line + 1})" if e.context and e.context_mark else ""
+        raise ParamsError(f"{path}{where}: not valid YAML: {e.problem}{context}") from None
     except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ParamsError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     return validate_params(raw, str(path))
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML like `yaml.safe_load`, but a key given twice in one mapping is a ParamsError naming both lines
+    (YAML would keep the last value silently; DVC refuses the file)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        problems = _duplicate_keys(node, "", source) if node is not None else []
+        if problems:
+            raise ParamsError("\n".join(problems))
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def _duplicate_keys(node: yaml.Node, path: str, source: str) -> list[str]:
+    """Lines naming every key that appears twice in one mapping of the YAML tree under `node` (at key path `path`)."""
+    problems = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            where = f"{path}.{key}" if path else key
+            line = key_node.start_mark.line + 1
+            if key in first:
+                problems.append(f"{source}:{line}: {where}: duplicate key (first given on line {first[key]}; YAML would keep only the last value)")
+            first.setdefault(key, line)
+            problems += _duplicate_keys(value_node, where, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            problems += _duplicate_keys(item, f"{path}[{i}]", source)
+    return problems

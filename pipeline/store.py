@@ -14,6 +14,13 @@ Writing (`StoreWriter`):
 
 Reading (`open_store`, `Store`): row ranges, batch iteration and shuffled batch streams that
 never hold more than a few chunks in memory.
+
+Integrity: every chunk ends with a CRC-32C checksum (zarr's `crc32c` codec) and every chunk is written, even one
+that equals the fill value, so a finished store has all its chunk files. Opening a store checks that they are
+all there; every read checks the checksums of the chunks it touches. A damaged or missing chunk is a
+`StoreError` naming the store and the chunk (never zeros or garbage); `Store.verify()` reads every chunk once
+(before a finished store is kept instead of rewritten), and a resumed writer restarts from its first chunk that
+fails the check.
 """
 
 from __future__ import annotations
@@ -22,13 +29,13 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
 log = logging.getLogger(__name__)
@@ -37,7 +44,44 @@ TARGET_CHUNK_BYTES = 2 << 20  # ~2 MiB per chunk: large enough for fast I/O, sma
 
 
 class StoreError(RuntimeError):
-    """A store is missing, incomplete or does not match what the caller expects."""
+    """A store is missing, incomplete, damaged or does not match what the caller expects."""
+
+
+#: how to recover from a damaged store: its producing stage rewrites it
+RERUN = "rerun the stage that writes it (`dvc repro` does, as the store no longer matches dvc.lock)"
+
+
+def _chunk_key(array: zarr.Array, index: int) -> str:
+    """The store key of row-chunk `index` ("c/3/0" for a 2-D array)."""
+    return array.metadata.encode_chunk_key((index,) + (0,) * (array.ndim - 1))
+
+
+def _n_chunks(array: zarr.Array, rows: int) -> int:
+    return -(-rows // int(array.chunks[0]))
+
+
+def _chunk_problem(path: Path, array: zarr.Array, index: int, read: bool) -> str | None:
+    """Why row-chunk `index` of the store at `path` is unusable (missing file; with `read`, a failed checksum or
+    decode), or None if it is fine."""
+    key = _chunk_key(array, index)
+    if not (path / key).is_file():
+        return f"chunk {key} is missing"
+    if read:
+        rows = int(array.chunks[0])
+        try:
+            array[index * rows : (index + 1) * rows]
+        except Exception as e:  # the crc32c codec raises ValueError, a truncated blosc frame other errors
+            return f"chunk {key} is damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    return None
+
+
+def _first_bad_chunk(path: Path, array: zarr.Array, rows: int, read: bool) -> str | None:
+    """The problem of the first unusable chunk among those holding rows [0, rows), or None."""
+    for index in range(_n_chunks(array, rows)):
+        problem = _chunk_problem(path, array, index, read)
+        if problem:
+            return problem
+    return None
 
 
 def partial_path(path: Path) -> Path:
@@ -92,10 +136,20 @@ class StoreWriter:
         self.fingerprint = json.loads(json.dumps(fingerprint))
         self._buffer: list[np.ndarray] = []
         self._buffered = 0
-        self.array = self._open_or_create(attrs or {}, compress)
-        self.rows_committed = int(self.array.attrs["rows_committed"])
+        self.array = self._open_or_create(attrs or {}, compress).with_config({"write_empty_chunks": True})
+        self.rows_committed = self._intact_rows(int(self.array.attrs["rows_committed"]))
         if self.rows_committed:
             log.info("%s: resuming after %d rows already written", self.path, self.rows_committed)
+
+    def _intact_rows(self, committed: int) -> int:
+        """Rows of the committed chunks up to the first one that is missing or fails its checksum (a resumed
+        partial store is verified before more rows are added to it)."""
+        for index in range(committed // self.chunk_rows):
+            problem = _chunk_problem(self.tmp, self.array, index, read=True)
+            if problem:
+                log.warning("%s: %s; resuming from there", self.tmp, problem)
+                return index * self.chunk_rows
+        return committed
 
     def _open_or_create(self, attrs: dict[str, Any], compress: bool) -> zarr.Array:
         if self.tmp.exists():
@@ -106,6 +160,7 @@ class StoreWriter:
                     and tuple(array.shape[1:]) == self.row_shape
                     and np.dtype(array.dtype) == self.dtype
                     and array.chunks[0] == self.chunk_rows
+                    and _checksummed(array)
                 )
             except Exception as e:  # a partial store too broken to open is simply restarted
                 log.warning("%s: unreadable partial store (%s); starting over", self.tmp, e)
@@ -121,7 +176,7 @@ class StoreWriter:
             shape=(initial, *self.row_shape),
             chunks=(self.chunk_rows, *self.row_shape),
             dtype=self.dtype,
-            compressors=[BloscCodec(cname="zstd", clevel=3)] if compress else None,
+            compressors=[BloscCodec(cname="zstd", clevel=3), Crc32cCodec()] if compress else [Crc32cCodec()],
             fill_value=0,
             attributes={**attrs, "fingerprint": self.fingerprint, "rows_committed": 0, "complete": False},
         )
@@ -213,18 +268,39 @@ class Store:
     def __len__(self) -> int:
         return int(self.array.shape[0])
 
+    def _checked(self, read: Callable[[], Any], chunks: Iterable[int]) -> np.ndarray:
+        """`read()` as a numpy array; if it fails, a StoreError naming the first damaged chunk among `chunks`."""
+        try:
+            return np.asarray(read())
+        except (IndexError, TypeError):  # a selection outside the store: the caller's error, not the store's
+            raise
+        except Exception as e:
+            for index in chunks:
+                problem = _chunk_problem(self.path, self.array, int(index), read=True)
+                if problem:
+                    raise StoreError(f"{self.path}: {problem}; {RERUN}") from None
+            raise StoreError(f"{self.path}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); {RERUN}") from e
+
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows [start, stop) as a numpy array."""
-        return np.asarray(self.array[start:stop])
+        """Rows [start, stop) as a numpy array (the chunks' checksums are checked)."""
+        lo, hi, _ = slice(start, stop).indices(len(self))
+        return self._checked(lambda: self.array[start:stop], range(lo // self.chunk_rows, -(-hi // self.chunk_rows)))
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows at sorted-or-not integer indices (reads only the chunks they fall in)."""
         rows = np.asarray(rows, dtype=np.int64)
         order = np.argsort(rows)
-        out = np.asarray(self.array.get_orthogonal_selection((rows[order],) + (slice(None),) * (self.array.ndim - 1)))
+        selection = (rows[order],) + (slice(None),) * (self.array.ndim - 1)
+        out = self._checked(lambda: self.array.get_orthogonal_selection(selection), np.unique(rows // self.chunk_rows))
         result = np.empty_like(out)
         result[order] = out
         return result
+
+    def verify(self) -> None:
+        """Read every chunk once: a StoreError names the first one that is missing or fails its checksum."""
+        problem = _first_bad_chunk(self.path, self.array, len(self), read=True)
+        if problem:
+            raise StoreError(f"{self.path}: {problem}; {RERUN}")
 
     def iter_batches(self, batch_size: int, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """Batches in row order, reading one chunk-aligned block at a time; `rows` (bool mask or indices) selects a subset."""
@@ -299,4 +375,14 @@ def open_store(path: str | Path) -> Store:
         raise StoreError(f"{path}: not a readable zarr array ({e})") from None
     if not array.attrs.get("complete", False):
         raise StoreError(f"{path}: store is incomplete (its writer never finalised it)")
+    if not _checksummed(array):
+        raise StoreError(f"{path}: written without chunk checksums (by an older version of the pipeline); {RERUN}")
+    problem = _first_bad_chunk(path, array, int(array.shape[0]), read=False)
+    if problem:
+        raise StoreError(f"{path}: {problem}; {RERUN}")
     return Store(path, array)
+
+
+def _checksummed(array: zarr.Array) -> bool:
+    """Whether every chunk of `array` carries a CRC-32C checksum."""
+    return any(isinstance(codec, Crc32cCodec) for codec in array.compressors)

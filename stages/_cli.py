@@ -9,7 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.config import ParamsError
+from pipeline.provenance import source_digest
 from pipeline.store import StoreError
+
+#: the repository root: the stages' code paths (`code_digest`) are relative to it
+CODE_ROOT = Path(__file__).resolve().parents[1]
 
 #: exceptions that are the user's input problems: reported as one line, exit status 2, no traceback.
 USER_ERRORS = (ParamsError, StoreError, FileNotFoundError, ValueError, KeyError)
@@ -56,8 +60,15 @@ def cell_main(name: str, description: str, run: Callable[..., object], argv: lis
     return run_main(name, body)
 
 
+def code_digest(paths: tuple[str, ...]) -> str:
+    """Digest of the source of `paths` (files or folders relative to the repository root; a stage lists its dvc.yaml
+    code deps): what outputs record as the code that made them. It depends on the code's content only, so the same
+    code writes byte-identical outputs whatever the git commit or working-tree state."""
+    return source_digest(paths, CODE_ROOT)
+
+
 def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-__all__: Sequence[str] = ["parser", "run_main", "cell_main", "exit_with", "setup_logging"]
+__all__: Sequence[str] = ["parser", "run_main", "cell_main", "code_digest", "exit_with", "setup_logging", "CODE_ROOT"]

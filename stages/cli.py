@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config import ParamsError, load_params
+from pipeline.config import ParamsError, load_params, resource_problems
 from pipeline.data.dataset import open_dataset
 from pipeline.data.images import load_image
 from pipeline.encoders.registry import open_encoder
@@ -35,7 +35,12 @@ def preset_text(name: str) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The file (`load_params`, what every stage checks), then what it names outside itself (`resource_problems`:
+    pretrained weights available offline, a real dataset's splits)."""
     params = load_params(args.params)
+    problems = resource_problems(params, str(args.params))
+    if problems:
+        raise ParamsError("\n".join(problems))
     print(f"{args.params}: ok ({len(params.cells())} grid cells, d = {params.d})")
     return 0
 

@@ -3,7 +3,8 @@
 `data.source: scenes` renders the procedural offline world; a real source (folders, cub, coco, syn) is loaded
 with its loader (layout checked before any work) and its image files decoded in spawned DataLoader workers
 (`pipeline.data.sources`). Undecodable images are skipped and listed in store/data/bad_images.json
-(`on_bad_image: skip`) or stop the stage (`fail`).
+(`on_bad_image: skip`) or stop the stage (`fail`). Splits too small for the evaluation stop the stage before
+anything is written (`pipeline.config.split_problems`).
 Output: store/data/ (layout in `pipeline.data.dataset`), written to a sibling and renamed into place.
 Reads params: seed, data.
 """
@@ -13,23 +14,31 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from pipeline.config import Params, load_params
+import numpy as np
+
+from pipeline.config import Params, ParamsError, load_params, split_problems
 from pipeline.data.dataset import write_dataset
 from pipeline.data.sources import read_source
 from pipeline.paths import Layout
-from pipeline.provenance import code_version
 from pipeline.records import write_json
 from pipeline.store import replace_dir
-from stages._cli import exit_with, parser, run_main
+from stages._cli import code_digest, exit_with, parser, run_main
+
+#: the code that decides the dataset's content (dvc.yaml lists each as a dependency of the stage; a test checks it)
+DATA_CODE = ("pipeline/data", "pipeline/store.py", "stages/data.py")
 
 
 def run(params: Params, layout: Layout) -> None:
     source = read_source(params.data, params.seed)
+    # the splits as read (a real dataset's undecodable images are dropped now): refused here, not stages later
+    problems = split_problems({part.kind: tuple(int(c) for c in np.bincount(part.split, minlength=3)) for part, _ in source.parts}, params)
+    if problems:
+        raise ParamsError("\n".join(f"{layout.params}: {line}" for line in problems))
     final = layout.data
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    provenance = {"producer": "stages.data", "code": code_version(layout.root), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
+    provenance = {"producer": "stages.data", "code": code_digest(DATA_CODE), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
     write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
     write_json(tmp / layout.bad_images.name, source.bad_images)
     replace_dir(tmp, final)

@@ -25,9 +25,12 @@ from pipeline.data.dataset import open_dataset
 from pipeline.encoders.base import Encoder
 from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest
+from pipeline.provenance import digest
 from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir, write_array
-from stages._cli import exit_with, parser, run_main
+from stages._cli import code_digest, exit_with, parser, run_main
+
+#: the code that decides the embeddings (dvc.yaml lists each as a dependency of the stage; a test checks it)
+EXTRACT_CODE = ("pipeline/encoders", "pipeline/store.py", "stages/extract.py")
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +39,18 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chu
                 attrs: dict[str, Any], desc: str) -> None:
     """Stream `images` (uint8 (n, H, W, 3)) through the encoder into a float32 (n, d) store, resumably.
 
-    A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept.
+    A store already finished from the same fingerprint (an earlier, interrupted run of the stage) is kept if every
+    chunk passes its checksum.
     """
     if out.exists():
         try:
-            if open_store(out).attrs.get("fingerprint") == json.loads(json.dumps(fingerprint)):
+            store = open_store(out)
+            if store.attrs.get("fingerprint") == json.loads(json.dumps(fingerprint)):
+                store.verify()  # every chunk's checksum: a damaged store is written again, never kept
                 log.info("%s: already complete, kept", out)
                 return
-        except StoreError:
-            pass
+        except StoreError as e:
+            log.warning("%s; writing it again", e)
     writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images), chunk_rows=chunk_rows)
     with tqdm(total=len(images), initial=writer.n_rows, desc=desc, unit="img") as bar:
         for start in range(writer.n_rows, len(images), batch_size):
@@ -59,8 +65,8 @@ def run(params: Params, layout: Layout) -> None:
     encoder = open_encoder(layout.encoder)
     tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"])}
-    attrs = {"producer": "stages.extract", "code": code_version(layout.root), "encoder": encoder.id, "dim": encoder.dim}
+    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE)}
+    attrs = {"producer": "stages.extract", "encoder": encoder.id, "dim": encoder.dim}
     bs, chunk = params.extract.batch_size, params.extract.chunk_rows
 
     def inside(path: Path) -> Path:

@@ -8,14 +8,16 @@ store/models/<run>/ (`pipeline.training.sparse.train_sparse`).
 A finished checkpoint records the fingerprint of everything its training read (`training_fingerprint`): the
 method, size, k, seed, the method's options and loop settings, the embeddings' fingerprint, the training and
 validation rows, and the source of the training code (`TRAINING_CODE`). When store/models/<run>/ already holds a
-checkpoint with the current fingerprint, training is skipped and that model is reused, so that re-evaluating a
-cell (new `evaluate` or `explain` params) never retrains it.
+checkpoint with the current fingerprint and intact weights (their digest is checked, `pipeline.models.checkpoint`),
+training is skipped and that model is reused, so that re-evaluating a cell (new `evaluate` or `explain` params)
+never retrains it. A damaged checkpoint is retrained with a warning naming it, and replaced.
 Reads params: seed, train, methods.<method>.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import shutil
@@ -28,13 +30,14 @@ from pipeline.config import Params
 from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.grid import Cell
 from pipeline.models import build
-from pipeline.models.checkpoint import read_config, save_model
+from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest, source_digest
+from pipeline.provenance import digest
 from pipeline.records import write_json
 from pipeline.store import open_store, replace_dir
 from pipeline.training.resume import load_resume, save_resume
 from pipeline.training.sparse import train_sparse
+from stages._cli import code_digest
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,6 @@ log = logging.getLogger(__name__)
 #: dvc.yaml lists each of them as a dependency of the grid-cell stages (a test checks it).
 TRAINING_CODE = ("pipeline/models", "pipeline/training", "pipeline/settings.py", "pipeline/data/dataset.py", "pipeline/store.py",
                  "stages/train.py")
-CODE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
@@ -50,18 +52,30 @@ def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_r
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
         "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
-        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": source_digest(TRAINING_CODE, CODE_ROOT),
+        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": code_digest(TRAINING_CODE),
     })
 
 
-def recorded_fingerprint(directory: Path) -> str | None:
-    """The training fingerprint of the finished checkpoint in `directory`; None if there is none or it is unreadable."""
-    if not (directory / "model.safetensors").is_file() or not (directory / "history.json").is_file():
-        return None
+def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
+    """Whether `directory` holds a finished checkpoint trained with `fingerprint` whose weights are intact.
+
+    A checkpoint that exists but cannot be reused as it is (damaged or missing weights, an unreadable config or
+    history, an older schema) is reported in a warning naming it; the caller trains again and replaces it."""
+    if not directory.exists():
+        return False
     try:
-        return read_config(directory).get("provenance", {}).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
-        return None
+        config = read_config(directory)
+        provenance = config.get("provenance")
+        if not isinstance(provenance, dict) or provenance.get("fingerprint") != fingerprint:
+            log.info("%s: trained from other inputs; training again", directory)
+            return False
+        load_model(directory)  # checks the weights against their recorded digest, and that they fit the model
+        if not isinstance(json.loads(history.read_text()), dict):
+            raise CheckpointError(f"{history}: not a training history")
+    except (CheckpointError, OSError, json.JSONDecodeError) as e:
+        log.warning("%s: checkpoint cannot be reused (%s); training it again", directory, e)
+        return False
+    return True
 
 
 def run(params: Params, layout: Layout, cell: Cell) -> Path:
@@ -74,7 +88,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> Path:
         raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
     out = layout.model(cell.name)
     fingerprint = training_fingerprint(params, cell, embeddings.attrs.get("fingerprint"), train_rows, val_rows)
-    if recorded_fingerprint(out) == fingerprint:
+    if reusable(out, fingerprint, layout.model_history(cell.name)):
         log.info("%s: reusing %s (trained from the same inputs, fingerprint %s)", cell.name, out, fingerprint)
         return out
     init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
@@ -89,13 +103,13 @@ def run(params: Params, layout: Layout, cell: Cell) -> Path:
         embeddings.take(val_rows),
         settings,
         params.seed,
-        save_state=lambda m, o, s, b: save_resume(work, m, o, s, b),
-        load_state=lambda m, o: load_resume(work, m, o),
+        save_state=lambda m, o, s, b: save_resume(work, m, o, s, b, fingerprint),
+        load_state=lambda m, o: load_resume(work, m, o, fingerprint),
     )
     final = out.with_name(out.name + ".final")
     if final.exists():
         shutil.rmtree(final)
-    provenance = {"run": cell.name, "size": cell.size, "code": code_version(layout.root), "embeddings": embeddings.attrs.get("fingerprint"),
+    provenance = {"run": cell.name, "size": cell.size, "embeddings": embeddings.attrs.get("fingerprint"),
                   "train": dataclasses.asdict(settings), "fingerprint": fingerprint}
     save_model(result.module.cpu(), final, provenance)
     write_json(final / layout.model_history(cell.name).name,

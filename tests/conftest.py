@@ -8,6 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -16,6 +18,7 @@ from pipeline.explain.decoder import DecoderSettings, decode_captions, train_dec
 from pipeline.explain.run import Concepts, ExplainSettings, KindData  # noqa: E402
 from pipeline.models import build  # noqa: E402
 from pipeline.training.loop import TrainSettings  # noqa: E402
+from tests.scratch import dvc, scratch_copy  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -43,3 +46,12 @@ def identity_run() -> dict:
     settings = ExplainSettings(top_names=2, top_m=2, caption_ks=(2, 9), examples=2, pairs=3, latents=10, top_images=3)
     return {"model": model, "decoder": decoder, "kind": kind, "concepts": concepts, "b": b, "settings": settings}
 
+
+
+@pytest.fixture(scope="session")
+def tiny_repro(tmp_path_factory) -> Path:
+    """A scratch copy of the project on the tiny preset after one undisturbed `dvc repro` (slow tests only; never
+    changed: tests that change it work on a `tests.scratch.copy_repo` of it)."""
+    repo = scratch_copy(tmp_path_factory.mktemp("tiny"))
+    dvc(repo, "repro")
+    return repo

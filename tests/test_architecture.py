@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: units (a top-level module or subpackage of `pipeline`, or `stages`), lowest layer first
 LAYERS: list[set[str]] = [
-    {"pipeline", "pipeline.settings"},
-    {"pipeline.paths", "pipeline.provenance", "pipeline.records", "pipeline.metrics", "pipeline.store", "pipeline.grid"},
+    {"pipeline", "pipeline.settings", "pipeline.records"},
+    {"pipeline.paths", "pipeline.provenance", "pipeline.metrics", "pipeline.store", "pipeline.grid"},
     {"pipeline.data"},
     {"pipeline.models"},
     {"pipeline.training"},

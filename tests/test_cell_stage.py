@@ -13,7 +13,7 @@ import yaml
 from pipeline.config import validate_params
 from pipeline.provenance import source_digest
 from stages.cli import preset_text
-from stages.train import TRAINING_CODE, recorded_fingerprint, training_fingerprint
+from stages.train import TRAINING_CODE, reusable, training_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,15 @@ def test_cell_stages_depend_on_all_training_code_and_keep_their_model():
         (model_out,) = stage["outs"]
         ((path, options),) = model_out.items()
         assert path.startswith("store/models/") and options == {"persist": True}, "the model must survive a rerun"
+
+
+def test_the_code_digest_a_stage_records_covers_only_its_dvc_dependencies():
+    """What data and extract record as their code (`stages._cli.code_digest`) is code DVC reruns them for."""
+    from stages.data import DATA_CODE
+    from stages.extract import EXTRACT_CODE
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert set(DATA_CODE) <= set(stages["data"]["deps"]) and set(EXTRACT_CODE) <= set(stages["extract"]["deps"])
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -70,22 +79,40 @@ def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
     assert training_fingerprint(params, params.cells()[0], {"dataset": "d"}, *rows) != base
 
 
-@pytest.mark.parametrize("damage", ["none", "no_weights", "no_history", "bad_json", "old_schema", "no_fingerprint"])
-def test_recorded_fingerprint_only_from_a_finished_readable_checkpoint(tmp_path, damage):
-    from pipeline.models.checkpoint import SCHEMA_VERSION
+@pytest.mark.parametrize("damage", ["none", "other_inputs", "no_weights", "no_history", "bad_json", "old_schema", "no_fingerprint",
+                                    "garbage_weights", "truncated_weights", "broken_header", "no_digest"])
+def test_a_checkpoint_is_reused_only_when_finished_from_the_same_inputs_and_intact(tmp_path, damage, caplog):
+    from pipeline.models import build
+    from pipeline.models.checkpoint import save_model
 
-    config = {"schema_version": SCHEMA_VERSION, "provenance": {"fingerprint": "abc"}}
-    files = {"model.safetensors": "w", "history.json": "{}", "config.json": json.dumps(config)}
+    directory, history = tmp_path / "run", tmp_path / "run" / "history.json"
+    save_model(build("topk", 4, 8, 2, seed=0), directory, {"fingerprint": "abc"})
+    write(directory, {"history.json": "{}"})
+    weights, config = directory / "model.safetensors", directory / "config.json"
+    saved = json.loads(config.read_text())
     if damage == "no_weights":
-        files.pop("model.safetensors")
+        weights.unlink()
     if damage == "no_history":
-        files.pop("history.json")
+        history.unlink()
     if damage == "bad_json":
-        files["config.json"] = "{not json"
+        config.write_text("{not json")
     if damage == "old_schema":
-        files["config.json"] = json.dumps({**config, "schema_version": -1})
+        config.write_text(json.dumps({**saved, "schema_version": 1}))
     if damage == "no_fingerprint":
-        files["config.json"] = json.dumps({**config, "provenance": {}})
-    write(tmp_path, files)
-    assert recorded_fingerprint(tmp_path) == ("abc" if damage == "none" else None)
-    assert recorded_fingerprint(tmp_path / "missing") is None
+        config.write_text(json.dumps({**saved, "provenance": {}}))
+    if damage == "no_digest":
+        config.write_text(json.dumps({k: v for k, v in saved.items() if k != "weights_digest"}))
+    if damage == "garbage_weights":  # same size, finite values: only the digest tells
+        data = bytearray(weights.read_bytes())
+        data[-16:] = np.full(4, 7.0, np.float32).tobytes()
+        weights.write_bytes(bytes(data))
+    if damage == "truncated_weights":
+        weights.write_bytes(weights.read_bytes()[:40])
+    if damage == "broken_header":
+        weights.write_bytes(b"\xff" * 8 + weights.read_bytes()[8:])
+    fingerprint = "other" if damage == "other_inputs" else "abc"
+    with caplog.at_level("INFO", logger="stages.train"):
+        assert reusable(directory, fingerprint, history) == (damage == "none")
+    if damage not in ("none", "other_inputs", "no_fingerprint"):
+        assert f"{directory}: checkpoint cannot be reused" in caplog.text and "training it again" in caplog.text
+    assert not reusable(tmp_path / "missing", "abc", history)

@@ -134,6 +134,9 @@ def test_real_data_source_and_pretrained_encoder(tmp_path):
     raw["data"] = {"source": "cub", "root": str(tmp_path / "missing")}
     assert "data.root: " not in error_of(raw) and f"data: root: {tmp_path / 'missing'}: no such file or directory" in error_of(raw)
     raw["data"] = {"source": "folders", "root": str(tmp_path)}
+    assert f"data: root: {tmp_path}: no image files under it" in error_of(raw)
+    (tmp_path / "red" / "a.png").parent.mkdir()
+    (tmp_path / "red" / "a.png").write_bytes(b"")  # only names are looked at here; the data stage decodes
     raw["encoder"] = {"kind": "open_clip", "arch": "ViT-B-32", "weights": "laion2b_s34b_b79k"}
     params = validate_params(raw)
     assert params.d is None and params.encoder.arch == "ViT-B-32"

@@ -6,62 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from stages.cli import preset_text
+from tests.scratch import copy_repo, dvc, run_dvc
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def scratch_copy(tmp: Path) -> Path:
-    """The tracked project files (what a clone has) in a fresh git repository, with the tiny preset."""
-    repo = tmp / "repo"
-    for name in ["pipeline", "stages", "dvc.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, repo / name)
-    (repo / "params.yaml").write_text(preset_text("tiny"))
-    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n")
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scratch")
-    return repo
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=repo, check=True)
-
-
-def env() -> dict[str, str]:
-    """The test's interpreter first on PATH, so dvc's `python -m stages...` runs in this environment."""
-    e = dict(os.environ)
-    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e['PATH']}"
-    e["PYTHONPATH"] = ""  # the scratch copy's own pipeline/ and stages/ (cwd) must win
-    e.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    return e
-
-
-def dvc(repo: Path, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"dvc {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
-def repro(tmp_path_factory) -> Path:
-    repo = scratch_copy(tmp_path_factory.mktemp("e2e"))
-    dvc(repo, "repro")
-    return repo
+def repro(tiny_repro, tmp_path_factory) -> Path:
+    """A copy of the session's finished tiny `dvc repro` (these tests change its params)."""
+    return copy_repo(tiny_repro, tmp_path_factory.mktemp("e2e") / "repo")
 
 
 def test_repro_writes_a_report_with_sane_metrics(repro):
@@ -109,7 +67,7 @@ def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repr
     params["evaluate"]["ks"] = [1, 2, 3, 4, 8, 16]
     (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     models = {p: p.stat().st_mtime_ns for p in (repro / "store" / "models").rglob("*") if p.is_file()}
-    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repro, env=env(), capture_output=True, text=True, timeout=900)
+    result = run_dvc(repro, "repro")
     assert result.returncode == 0, result.stderr[-4000:]
     ran = sorted(line.split("'")[1] for line in result.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == sorted([*cells, "report"])
@@ -119,6 +77,6 @@ def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repr
     assert 3 in {p["k"] for p in curve}, "the evaluation used the new params"
     params["train"]["epochs"] += 1  # a training input: that cell retrains
     (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repro, env=env(), capture_output=True, text=True, timeout=900)
+    result = run_dvc(repro, "repro")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "reusing" not in result.stderr and result.stderr.count("trained in") == len(cells)

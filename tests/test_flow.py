@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_e2e import env, scratch_copy
+from tests.scratch import env, scratch_copy
 
 pytestmark = pytest.mark.slow
 

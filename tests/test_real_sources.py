@@ -20,6 +20,7 @@ from pipeline.store import open_store
 from stages import data as data_stage
 from stages import encoder as encoder_stage
 from stages import extract as extract_stage
+from stages.cli import main as cli
 from stages.cli import preset_text
 from stages.data import main as data_main
 
@@ -46,6 +47,7 @@ def folders(tmp_path_factory) -> Path:
 def params_for(folders: Path, tmp_path: Path, **data) -> tuple:
     raw = yaml.safe_load(preset_text("tiny"))
     raw["data"] = {"source": "folders", "root": str(folders), "image_size": 32, "split": [0.5, 0.25, 0.25], "workers": 0, **data}
+    raw["evaluate"]["cknna_k"] = 3  # 6 test images: CKNNA needs k + 1
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return validate_params(raw), path
@@ -69,6 +71,19 @@ def test_folder_source_fails_before_any_work_when_asked(folders, tmp_path, capsy
     _, path = params_for(folders, tmp_path, on_bad_image="fail")
     assert data_main(["--params", str(path), "--root", str(tmp_path)]) == 2
     assert "corrupt.png" in capsys.readouterr().err
+    assert not (tmp_path / "store" / "data").exists()
+
+
+def test_a_dataset_too_small_for_the_evaluation_is_refused_before_anything_is_written(folders, tmp_path, capsys):
+    _, path = params_for(folders, tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["evaluate"]["cknna_k"] = 10
+    path.write_text(yaml.safe_dump(raw))
+    assert cli(["validate", str(path)]) == 2  # counted from the folder listing (the corrupt file still counts there)
+    assert capsys.readouterr().err.strip() == (f"error: {path}: data.root: {folders}: 6 test images of kind folders (split [0.5, 0.25, 0.25]); "
+                                               "the evaluation needs at least 11 per kind (CKNNA with evaluate.cknna_k = 10 neighbours)")
+    assert data_main(["--params", str(path), "--root", str(tmp_path)]) == 2  # counted again once the images are decoded
+    assert "5 test images of kind folders" in capsys.readouterr().err
     assert not (tmp_path / "store" / "data").exists()
 
 

@@ -5,6 +5,7 @@ checkpoints, and training on planted data."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -452,11 +453,15 @@ def test_penalty_coef_survives_save_and_load(method: str, tmp_path) -> None:
     assert loaded.options == model.options and loaded.options.target_l0 is True
     assert loaded.options.l0_control_rate == 0.03
     # A checkpoint from before the controller (no penalty_coef) loads with the initial coefficient.
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from pipeline.models.checkpoint import save_weights
 
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["penalty_coef"]
-    save_file(state, str(tmp_path / "model.safetensors"))
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["weights_digest"] = save_weights(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(config))
     old = load_model(tmp_path)
     assert float(old.penalty_coef) == pytest.approx(getattr(model.options, "l1_coef" if method == "relu" else "l0_coef"))
 

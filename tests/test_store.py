@@ -102,3 +102,67 @@ def test_empty_store_is_valid(tmp_path):
     store = write_array(tmp_path / "e.zarr", np.zeros((0, 4, 4, 3), np.uint8), fingerprint={})
     assert store.shape == (0, 4, 4, 3)
     assert list(store.iter_batches(2)) == []
+
+
+def chunk_file(store_path, index: int):
+    """The file of row-chunk `index` of a 2-D store (zarr v3's default key encoding)."""
+    return store_path / "c" / str(index) / "0"
+
+
+@pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete"])
+def test_a_damaged_or_missing_chunk_is_an_error_naming_store_and_chunk(tmp_path, damage):
+    path = tmp_path / "x.zarr"
+    write_array(path, rows(12), fingerprint={}, chunk_rows=4)
+    target = chunk_file(path, 1)
+    size = target.stat().st_size
+    if damage == "overwrite":  # same size, finite garbage: only the checksum can tell
+        target.write_bytes(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[: size // 2])
+    else:
+        target.unlink()
+    if damage == "delete":  # a finished store with a missing chunk does not even open
+        with pytest.raises(StoreError, match=r"x.zarr: chunk c/1/0 is missing; rerun the stage"):
+            open_store(path)
+        return
+    store = open_store(path)
+    np.testing.assert_array_equal(store.read(0, 4), rows(4))  # the intact chunks still read
+    for read in (lambda: store.read(), lambda: store.read(5, 6), lambda: store.take(np.array([9, 5])), lambda: list(store.iter_batches(3)),
+                 lambda: list(store.shuffled_batches(3, seed=0)(0)), store.verify):
+        with pytest.raises(StoreError, match=r"x.zarr: chunk c/1/0 is damaged \(.+\); rerun the stage"):
+            read()
+
+
+def test_a_chunk_equal_to_the_fill_value_is_still_written(tmp_path):
+    path = tmp_path / "z.zarr"
+    write_array(path, np.zeros((8, 2), np.float32), fingerprint={}, chunk_rows=4)
+    assert chunk_file(path, 0).is_file() and chunk_file(path, 1).is_file()
+    open_store(path).verify()
+
+
+def test_resume_restarts_from_the_first_damaged_committed_chunk(tmp_path, caplog):
+    path = tmp_path / "x.zarr"
+    StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4).append(rows(12))  # 3 chunks committed
+    target = chunk_file(partial_path(path), 1)
+    target.write_bytes(bytes(target.stat().st_size))
+    with caplog.at_level("WARNING", logger="pipeline.store"):
+        resumed = StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4)
+    assert resumed.n_rows == 4 and "chunk c/1/0 is damaged" in caplog.text
+    resumed.append(rows(8, start=4))
+    np.testing.assert_array_equal(resumed.finalize().read(), rows(12))
+
+
+def test_a_store_without_checksums_is_refused(tmp_path):
+    import zarr
+
+    path = tmp_path / "old.zarr"
+    array = zarr.create_array(str(path), shape=(4, 3), chunks=(2, 3), dtype="float32", attributes={"complete": True})
+    array[:] = rows(4)
+    with pytest.raises(StoreError, match="written without chunk checksums"):
+        open_store(path)
+
+
+def test_a_selection_outside_the_store_is_not_reported_as_damage(tmp_path):
+    store = write_array(tmp_path / "x.zarr", rows(8), fingerprint={}, chunk_rows=4)
+    with pytest.raises(IndexError):
+        store.take(np.array([1, 20]))

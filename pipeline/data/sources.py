@@ -31,6 +31,7 @@ from pipeline.data.folders import load_folders
 from pipeline.data.images import SquareUint8, iter_image_batches
 from pipeline.data.phrases import name_phrases
 from pipeline.data.syn import load_syn
+from pipeline.data.table import IMAGE_EXTENSIONS, assign_split
 from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
@@ -90,12 +91,20 @@ class FileSettings:
     on_bad_image: Literal["skip", "fail"] = "skip"
     workers: NonNegativeInt = 2
 
+    @property
+    def on_hub(self) -> bool:
+        """Whether `root` is a hub name (jokl/syncub, jokl/syncoco) that the loader fetches, not a local folder."""
+        return self.source == "syn" and self.root.startswith("jokl/")
+
     @model_validator(mode="after")
-    def _root_exists(self) -> "FileSettings":
-        if self.source == "syn" and self.root.startswith("jokl/"):
-            return self  # a hub name: resolved by the loader, which fails fast offline
-        if not Path(self.root).exists():
+    def _root_has_images(self) -> "FileSettings":
+        if self.on_hub:
+            return self  # resolved by the loader, which fails fast offline
+        root = Path(self.root)
+        if not root.exists():
             raise ValueError(f"root: {self.root}: no such file or directory")
+        if not any(p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() for p in root.rglob("*")):  # stops at the first image
+            raise ValueError(f"root: {self.root}: no image files under it (suffixes {', '.join(IMAGE_EXTENSIONS)})")
         return self
 
 
@@ -142,17 +151,34 @@ def decode(paths: list, size: int, data: FileSettings, desc: str) -> tuple[np.nd
     return out[ok], bad
 
 
+def read_table(data: FileSettings, seed: int, check: bool) -> tuple[Any, Any]:
+    """The loader's (ImageTable, PairTable or None) of a real dataset: file lists, labels and the split, no pixels.
+    check: open every image header first (the loader names the first bad file)."""
+    if data.source == "folders":
+        return load_folders(data.root, split=tuple(data.split), seed=seed, check=check), None
+    if data.source == "cub":
+        return load_cub(data.root, val_fraction=data.split[1], seed=seed, check=check), None
+    if data.source == "coco":
+        return load_coco(data.root, split_name=data.coco_split, split=tuple(data.split), seed=seed, check=check), None
+    return load_syn(data.root, check=check)
+
+
+def split_counts(data: ScenesSettings | FileSettings, seed: int) -> dict[str, tuple[int, int, int]]:
+    """Images per (train, validation, test) split of each kind the source gives, before any image is read: exact for
+    scenes (the world's split rule), from the loader's file table for a real dataset (undecodable files not yet
+    dropped)."""
+    if isinstance(data, ScenesSettings):
+        splits = {kind: assign_split(np.zeros(spec.n_images), tuple(data.split), seed) for kind, spec in data.kinds.items()}
+    else:
+        table, _ = read_table(data, seed, check=False)
+        splits = {table.kind: table.split}
+    return {kind: tuple(int(c) for c in np.bincount(split, minlength=3)) for kind, split in splits.items()}
+
+
 def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
     """A real dataset as (SceneSet-like part, PairSet-like pairs, bad images)."""
-    check = data.on_bad_image == "fail"  # open every image header up front only when a bad one must stop the stage
-    if data.source == "folders":
-        table, pair_table = load_folders(data.root, split=tuple(data.split), seed=seed, check=check), None
-    elif data.source == "cub":
-        table, pair_table = load_cub(data.root, val_fraction=data.split[1], seed=seed, check=check), None
-    elif data.source == "coco":
-        table, pair_table = load_coco(data.root, split_name=data.coco_split, split=tuple(data.split), seed=seed, check=check), None
-    else:
-        table, pair_table = load_syn(data.root, check=check)
+    # open every image header up front only when a bad one must stop the stage
+    table, pair_table = read_table(data, seed, check=data.on_bad_image == "fail")
     images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images")
     keep = np.ones(len(table.paths), dtype=bool)
     keep[[b["index"] for b in bad]] = False

@@ -17,7 +17,8 @@ basis" codes that the comparison expects to caption badly.
 
 Saved decoder layout (`save_decoder` / `load_decoder`; no pickle):
     model.safetensors   every parameter and buffer of the CaptionDecoder
-    config.json         {"schema_version", "kind": "caption_decoder", "d", "vocab", "settings": DecoderSettings fields}
+    config.json         {"schema_version", "kind": "caption_decoder", "d", "vocab", "settings": DecoderSettings fields,
+                        "weights_digest": the sha256 of model.safetensors, checked before it is read}
 """
 
 from __future__ import annotations
@@ -34,18 +35,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import model_validator
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from pipeline.explain.relevance import check_captions
 from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, build_vocabulary, detokenize, tokenize
+from pipeline.models.checkpoint import load_weights, save_weights
 from pipeline.settings import NonNegativeFloat, OpenFraction, PositiveInt, defaults_from, settings
 from pipeline.training.device import Device
 from pipeline.training.loop import BatchSource, TrainSettings, fit
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: config.json records the weight file's digest
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 _IGNORE = -100  # cross-entropy target of padded positions
@@ -348,10 +349,9 @@ def save_decoder(decoder: CaptionDecoder, directory: Path | str) -> None:
         raise TypeError(f"decoder: expected a CaptionDecoder, got {type(decoder).__name__}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {name: t.detach().cpu().contiguous() for name, t in decoder.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS_FILE))
     config = {"schema_version": SCHEMA_VERSION, "kind": "caption_decoder", "d": decoder.d, "vocab": decoder.vocab,
-              "settings": json.loads(json.dumps(dataclasses.asdict(decoder.settings)))}
+              "settings": json.loads(json.dumps(dataclasses.asdict(decoder.settings))),
+              "weights_digest": save_weights(decoder.state_dict(), directory / WEIGHTS_FILE)}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
 
 
@@ -365,7 +365,8 @@ def load_decoder(directory: Path | str, device: str | torch.device = "cpu") -> C
     if saved.get("kind") != "caption_decoder" or saved.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(f"{config_path}: not a caption decoder of schema {SCHEMA_VERSION} "
                          f"(kind {saved.get('kind')!r}, schema_version {saved.get('schema_version')!r})")
+    state = load_weights(weights_path, saved.get("weights_digest"))  # a damaged file is a CheckpointError naming it
     decoder = CaptionDecoder(int(saved["d"]), list(saved["vocab"]), DecoderSettings(**saved["settings"]))
-    decoder.load_state_dict(load_file(str(weights_path)))
+    decoder.load_state_dict(state)
     return decoder.to(device).eval()
 

@@ -28,6 +28,8 @@ import logging
 
 import numpy as np
 
+from pipeline.records import Undefined
+
 logger = logging.getLogger(__name__)
 
 
@@ -114,5 +116,5 @@ def cknna(a: np.ndarray, b: np.ndarray, k: int = 10, max_n: int | None = 2000, s
     denom = s_kk * s_ll
     if not denom > 0.0:
         logger.warning("cknna: self-similarity product %.3g is not positive; returning NaN", denom)
-        return float("nan")
+        return Undefined(f"self-similarity product {denom:.3g} is not positive (constant codes or embeddings)")
     return float(s_kl / np.sqrt(denom))

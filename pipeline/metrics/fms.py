@@ -52,6 +52,8 @@ import numpy as np
 from scipy import sparse
 from sklearn.tree import DecisionTreeClassifier
 
+from pipeline.records import Undefined
+
 logger = logging.getLogger(__name__)
 
 # Codes with at most this fraction of non-zeros are handed to the trees as CSC sparse matrices:
@@ -250,7 +252,7 @@ def fms(
         acc0[c], local[c], global_[c], roots[c], depths[c], cuts[c] = _concept_scores(x, y, removals, levels, seed)
     per_concept = acc0 * (local + global_) / 2.0
     scored = ~np.isnan(per_concept)
-    score = float(per_concept[scored].mean()) if scored.any() else float("nan")
+    score = float(per_concept[scored].mean()) if scored.any() else Undefined("no concept has both classes and a latent that separates them")
     return FMSResult(
         fms=score,
         per_concept=per_concept,

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.records import Undefined
+
 logger = logging.getLogger(__name__)
 
 # Rows converted to float32 per block in `_tp_counts`: about 32 MB of float32 per block at L = 4096.
@@ -105,8 +107,8 @@ def _check_inputs(active: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def nan_mean(values: np.ndarray) -> float:
-    """The mean over the defined (non-NaN) values, NaN when none is: MATCHScore over the attributes with a match."""
-    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+    """The mean over the defined (non-NaN) values, `Undefined` when none is: MATCHScore over the attributes with a match."""
+    return float(np.nanmean(values)) if np.isfinite(values).any() else Undefined("no attribute has a positive row here")
 
 
 def _tp_counts(active: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 
 from pipeline.metrics.matching import check_coalitions
+from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +118,11 @@ def tapascore(
     d_rem = _coalition_on(after, rem) - _coalition_on(before, rem)
     # "zero": every pair is a term (an empty coalition's delta is 0 already: `_coalition_on` of an empty set)
     has_add, has_rem = (nonempty_add, nonempty_rem) if empty == "skip" else (np.ones(n_pairs, bool),) * 2
-    mean_add = float(d_add[has_add].mean()) if has_add.any() else float("nan")
-    mean_rem = float(d_rem[has_rem].mean()) if has_rem.any() else float("nan")
+    mean_add = float(d_add[has_add].mean()) if has_add.any() else Undefined("no pair adds an attribute with a coalition")
+    mean_rem = float(d_rem[has_rem].mean()) if has_rem.any() else Undefined("no pair removes an attribute with a coalition")
     if not (nonempty_add.any() or nonempty_rem.any()):
         logger.warning("tapascore: no pair has a non-empty added or removed coalition (nothing was matched); score is NaN")
-        score = float("nan")
+        score = Undefined("no pair has a non-empty added or removed coalition (nothing was matched)")
     else:
         score = (0.0 if np.isnan(mean_add) else mean_add) - (0.0 if np.isnan(mean_rem) else mean_rem)
     return Tapas(
@@ -172,5 +173,5 @@ def delta_stay(
     keep = present & ~in_edit & member.any(axis=1)[None, :]
     if not keep.any():
         logger.warning("delta_stay: no present attribute outside the edit has a coalition; returning NaN")
-        return float("nan")
+        return Undefined("no present attribute outside the edit has a coalition")
     return float(delta[keep].mean())

@@ -162,7 +162,7 @@ def matching_scores(codes: Codes, data: ConceptData, settings: EvaluateSettings)
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
     o = one_to_one(active, data.y_match)
-    scores["one_to_one"] = {"match": float(o.score), "test": nan_mean(coalition_f1(active_test, data.y_test, o.coalitions))}
+    scores["one_to_one"] = {"match": o.score, "test": nan_mean(coalition_f1(active_test, data.y_test, o.coalitions))}
     if tapas_matching is None:
         tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k)
     return scores, tapas_matching
@@ -210,7 +210,7 @@ def variant_metrics(codes: Codes, data: ConceptData, settings: EvaluateSettings,
                                              "n_pairs": tapas.n_pairs, "n_add": tapas.n_add, "n_rem": tapas.n_rem},
         "delta_stay": stay,
         "cknna": cknna(codes.test, data.x_test, k=settings.cknna_k, max_n=settings.cknna_max_n, seed=seed),
-        "fms": float(fms_result.fms),
+        "fms": fms_result.fms,
         "probe": probe_metrics(codes, data, probes),
         "coalitions": [c.tolist() for c in matching.coalitions],
     }
