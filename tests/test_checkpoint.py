@@ -11,7 +11,7 @@ import torch
 
 from pipeline.models import build
 from pipeline.models.checkpoint import CheckpointError, load_model, load_weights, save_model, save_weights
-from pipeline.training.loop import TrainSettings, TrainState, make_optimizer
+from pipeline.training.loop import TrainState, make_optimizer
 from pipeline.training.resume import load_resume, save_resume
 
 
@@ -58,7 +58,7 @@ def test_an_intact_checkpoint_loads_the_same_model(tmp_path):
 def resumable(seed: int = 0):
     torch.manual_seed(seed)
     model = build("topk", 4, 8, 2, seed=seed)
-    return model, make_optimizer(model, TrainSettings(lr=1e-2))
+    return model, make_optimizer(model, lr=1e-2, weight_decay=0.0)
 
 
 @pytest.mark.parametrize("how", ["overwrite", "truncate", "header", "delete", "json", "other_inputs"])

@@ -131,7 +131,7 @@ MALFORMED: list[tuple[str, Callable[[Path], str], tuple[str, ...]]] = [
     ("zero chunk rows", put("extract.chunk_rows", 0), ("extract.chunk_rows:", "0")),
     ("numeric report title", put("report.title", 5), ("report.title:", "5")),
     ("unknown top-level key", put("trian", {"lr": 0.1}), ("trian:", "unknown key")),
-    ("duplicate key", text_edit("  patience: 4\n", "  patience: 4\n  lr: 0.1\n"), (":23: train.lr:", "duplicate key", "line 21")),
+    ("duplicate key", text_edit("  patience: 4\n", "  patience: 4\n  lr: 0.1\n"), (":24: train.lr:", "duplicate key", "line 22")),
     ("duplicate top-level key", text_edit("seed: 0\n", "seed: 0\nseed: 1\n"), (":4: seed:", "duplicate key", "line 3")),
     ("broken YAML", text_edit("  batch_size: 64\n  epochs: 4", "  batch_size: [64\n  epochs: 4"), (":20:9: not valid YAML", "line 19")),
     ("tab indentation", text_edit("  epochs: 4\n", "\tepochs: 4\n"), (":20:1: not valid YAML", "'\\t'")),
