@@ -1,24 +1,11 @@
-"""Provenance recorded in stores, checkpoints and reports: code version and content digests."""
+"""Provenance recorded in stores, checkpoints and reports: content digests of params slices, files and source code."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
-
-
-def code_version(root: Path = Path(".")) -> str:
-    """`git describe`-like commit id of the code (with '+dirty' for uncommitted changes), or 'unknown'."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10)
-        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def digest(obj: Any) -> str:

@@ -16,12 +16,11 @@ import numpy as np
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import Dataset, edit_text, open_dataset
 from pipeline.paths import Layout
-from pipeline.provenance import code_version
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
 from pipeline.report.tables import best_runs, conventions, example_table, latent_browser, rates_table, report_images, separation
 from pipeline.report.thumbnails import png_data_uri
-from stages._cli import exit_with, parser, run_main
+from stages._cli import code_digest, exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
     best_rotations = [explains[name] for name in best.values() if explains[name]["describes_curve"]]
     report = ReportData(
         title=params.report.title,
-        code_version=code_version(layout.root),
+        code_version=code_digest(("pipeline", "stages")),  # the code's content, not the commit: same code, same bytes
         params_yaml=params_text,
         dataset={"kinds": {k: {"n": v["n"], "n_attributes": len(v["columns"]), "one_hot": v["one_hot"]} for k, v in data.meta["kinds"].items()},
                  "n": data.meta["n"], "n_attributes": len(data.attribute_names)},
