@@ -9,21 +9,11 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from pipeline.config import ParamsError, load_params
-from pipeline.data.dataset import open_dataset
-from pipeline.data.images import load_image
-from pipeline.encoders.registry import open_encoder
-from pipeline.explain.decoder import decode_captions, load_decoder
-from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
-from pipeline.explain.run import latent_labels
-from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
-from pipeline.report.tables import best_run
-from pipeline.store import StoreError, open_store
 from stages.flow import configure_prefect_env
+
+# The schema (pipeline.config) and the models import torch, seconds of start-up: each command imports what it needs,
+# so that `cedar flow` with nothing stale answers as fast as `dvc repro`.
 
 
 def preset_names() -> list[str]:
@@ -31,12 +21,16 @@ def preset_names() -> list[str]:
 
 
 def preset_text(name: str) -> str:
+    from pipeline.config import ParamsError
+
     if name not in preset_names():
         raise ParamsError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
     return resources.files("pipeline.presets").joinpath(f"{name}.yaml").read_text()
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+
     params = load_params(args.params)
     print(f"{args.params}: ok ({len(params.cells())} grid cells, d = {params.d})")
     return 0
@@ -77,13 +71,16 @@ def flow_or_plan(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     if args.set:
         set_params(root / "params.yaml", args.set)
-    load_params(root / "params.yaml")
     choose_cluster(root / args.cluster_file, args.cluster, args.dask)
     project = Project(root)
     try:
         plan = project.plan(args.targets)
     finally:
         project.close()
+    if plan:  # bad params fail here, before any work (DVC sees an edited params.yaml as a change)
+        from pipeline.config import load_params
+
+        load_params(root / "params.yaml")
     if args.dry:
         for stage in plan:
             print(stage.name)
@@ -92,9 +89,10 @@ def flow_or_plan(args: argparse.Namespace) -> int:
         print("Data and pipelines are up to date.")
         return 0
     configure_prefect_env(root)
-    from stages.flow.run import run_flow
+    from stages.flow.run import pipeline_flow
 
-    outcome = run_flow(args.targets, args.cluster, str(args.cluster_file), args.dask, args.retries, root)
+    outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
+                            retries=args.retries, root=str(root))
     ran = [name for name, status in outcome.items() if status == "ran"]
     print(f"Ran {len(ran)} of {len(outcome)} planned stages; report: {Layout(root).report}")
     return 0
@@ -111,6 +109,7 @@ def cmd_cluster_script(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
     from stages.flow.cluster import choose_cluster
 
     root = args.root.resolve()
@@ -126,6 +125,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+
     params = load_params(args.params)
     layout = Layout(args.root)
     print(f"{'run':<24} {'latents':>8} {'k':>4} {'FVU':>8} {'L0':>7} {'dead':>6}")
@@ -143,6 +144,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def choose_run(names: list[str], evaluated: list[dict], requested: str | None) -> str:
     """The run to explain: `requested` if it is one of the grid's `names`, else the best evaluated run
     (highest objects MATCHScore, `pipeline.report.tables.best_run`). One-line errors otherwise."""
+    from pipeline.report.tables import best_run
+
     if requested is not None:
         if requested not in names:
             raise ValueError(f"unknown run {requested!r}; known runs: {', '.join(names)}")
@@ -158,6 +161,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     The image goes through the same path as the dataset's images (decoded and cropped to the dataset's image size,
     `pipeline.data.images.load_image`) and then through the encoder the encoder stage left (any kind, through
     `pipeline.encoders.registry.open_encoder`)."""
+    import numpy as np
+    import torch
+
+    from pipeline.config import load_params
+    from pipeline.data.dataset import open_dataset
+    from pipeline.data.images import load_image
+    from pipeline.encoders.registry import open_encoder
+    from pipeline.explain.decoder import decode_captions, load_decoder
+    from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
+    from pipeline.explain.run import latent_labels
+    from pipeline.models.checkpoint import load_model
+    from pipeline.store import open_store
+
     params = load_params(args.params)
     layout = Layout(args.root)
     names = [cell.name for cell in params.cells()]
@@ -263,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ParamsError, FileNotFoundError, ValueError, StoreError) as e:
+    except Exception as e:
+        from pipeline.config import ParamsError
+        from pipeline.store import StoreError
+
+        if not isinstance(e, (ParamsError, FileNotFoundError, ValueError, StoreError)):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -43,3 +45,17 @@ def identity_run() -> dict:
     settings = ExplainSettings(top_names=2, top_m=2, caption_ks=(2, 9), examples=2, pairs=3, latents=10, top_images=3)
     return {"model": model, "decoder": decoder, "kind": kind, "concepts": concepts, "b": b, "settings": settings}
 
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory) -> tuple[Path, Path]:
+    """(pristine, reproduced): a scratch copy of the project on the tiny preset in a fresh git repository, and a copy of
+    it (the same commit, so records of the code version agree) after `dvc repro`. Shared by the end-to-end tests of
+    `dvc repro` (tests/test_e2e.py) and of `cedar flow` (tests/test_flow.py), which copy them before changing them."""
+    from tests.test_e2e import dvc, scratch_copy
+
+    pristine = scratch_copy(tmp_path_factory.mktemp("tiny"))
+    reproduced = pristine.with_name("reproduced")
+    shutil.copytree(pristine, reproduced, symlinks=True)
+    dvc(reproduced, "repro")
+    return pristine, reproduced

@@ -1,6 +1,6 @@
 """End to end on the tiny preset: `dvc repro` in a scratch copy of the repository, then a sweep edit
-that must rerun only the new grid cells and the report, an evaluation change that must not retrain, and the
-Prefect flow over the same stages."""
+that must rerun only the new grid cells and the report, and an evaluation change that must not retrain
+(`cedar flow` over the same stages: tests/test_flow.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def scratch_copy(tmp: Path) -> Path:
     """The tracked project files (what a clone has) in a fresh git repository, with the tiny preset."""
     repo = tmp / "repo"
-    for name in ["pipeline", "stages", "dvc.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
+    for name in ["pipeline", "stages", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -58,9 +58,10 @@ def dvc(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def repro(tmp_path_factory) -> Path:
-    repo = scratch_copy(tmp_path_factory.mktemp("e2e"))
-    dvc(repo, "repro")
+def repro(tiny_project, tmp_path_factory) -> Path:
+    """A copy of the session's `dvc repro` on the tiny preset (tests/conftest.py), for this module to change."""
+    repo = tmp_path_factory.mktemp("e2e") / "repo"
+    shutil.copytree(tiny_project[1], repo, symlinks=True)
     return repo
 
 

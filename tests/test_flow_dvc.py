@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -281,3 +283,31 @@ def test_record_refuses_a_stage_whose_output_is_missing(tmp_path):
     finally:
         project.close()
     assert set(lock(repo)) == {"d"} and os.path.exists(repo / ".dvc" / "cache")
+
+
+def test_cedar_serve_runs_the_flow_as_a_deployment_with_param_overrides(tmp_path):
+    """`cedar serve` offline (it starts Prefect's temporary server and prints its address); `prefect deployment run`
+    with `-p overrides=[...]` sets the params as `dvc exp run -S` would and runs the stale stage of the target."""
+    repo = toy(tmp_path)
+    e = {**env(), "PYTHONPATH": str(ROOT)}
+    e.pop("PREFECT_API_URL", None)
+    serve = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "d", "--root", str(repo)], env=e, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        while url is None:
+            line = serve.stdout.readline()
+            assert line, "cedar serve exited before printing the Prefect API address"
+            if line.startswith("Prefect API: "):
+                url = line.split()[2]
+        run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "cedar-pipeline/cedar", "-p", 'overrides=["extract.batch_size=64"]',
+                              "--watch", "--watch-timeout", "600"], env={**e, "PREFECT_API_URL": url}, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=700)
+        assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C
+        serve.wait(timeout=120)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if url.split("/api")[0].rsplit(":", 1)[1] in " ".join(p.info["cmdline"] or [])
+                and "uvicorn" in " ".join(p.info["cmdline"] or [])], "the temporary server stopped with cedar serve"
+    assert yaml.safe_load((repo / "params.yaml").read_text())["extract"]["batch_size"] == 64
+    assert lock(repo)["d"]["params"]["params.yaml"]["extract"]["batch_size"] == 64 and set(lock(repo)) == {"d"}

@@ -235,8 +235,11 @@ def open_cluster(cluster: Cluster) -> Iterator[Any]:
 
     The scheduler gives up on a task at the first worker that dies under it (`allowed-failures: 0`), so that the
     flow's task, which counts retries, resubmits it (a remote `address` scheduler keeps its own setting)."""
+    import logging
+
     import dask
 
     runner = task_runner(cluster)  # imports distributed, whose defaults dask.config.set must not come before
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # its scheduler's and workers' news are not for the console
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), runner:
         yield runner.client

@@ -31,8 +31,6 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import validate_params
-
 
 class StageError(RuntimeError):
     """A stage cannot be recorded (missing outputs) or DVC refused an operation; one line naming the stage."""
@@ -204,6 +202,8 @@ def set_params(path: Path, overrides: list[str]) -> None:
     a bad override changes nothing."""
     from dvc.exceptions import InvalidArgumentError
     from dvc.utils.hydra import apply_overrides
+
+    from pipeline.config import validate_params  # the schema imports torch: only when there are overrides
 
     path = Path(path)
     handle, name = tempfile.mkstemp(suffix=".yaml", dir=path.parent, prefix=".params-")

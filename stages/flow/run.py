@@ -68,7 +68,6 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, environment: d
 def run_plan(plan: list[PlannedStage], project: Project, cluster: Cluster, retries: int) -> dict[str, str]:
     """Submit every planned stage after the stages it needs; returns each stage's outcome, or raises FlowError."""
     environment = thread_environment(cluster.threads)
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # the scheduler's and nannies' news: not for the console
     logging.getLogger("dvc").setLevel(logging.WARNING)  # its "Updating lock file" lines: run_stage prints its own
     futures = {}
     with open_cluster(cluster) as client:
@@ -132,11 +131,6 @@ def pipeline_flow(targets: list[str] | None = None, overrides: list[str] | None 
     return outcome
 
 
-def run_flow(targets: list[str], cluster: str, cluster_file: str, dask_address: str | None, retries: int, root: Path) -> dict[str, str]:
-    """`cedar flow`: the flow in this process."""
-    return pipeline_flow(targets=targets, cluster=cluster, cluster_file=cluster_file, dask_address=dask_address, retries=retries, root=str(root))
-
-
 def serve(name: str, parameters: dict[str, Any], cron: str | None, interval: float | None) -> None:
     """`cedar serve`: serve the flow as deployment `cedar-pipeline/<name>` until interrupted; runs start from the
     Prefect UI or `prefect deployment run` (parameters such as `overrides` as in `dvc exp run -S`) or on the
@@ -144,6 +138,7 @@ def serve(name: str, parameters: dict[str, Any], cron: str | None, interval: flo
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     url = os.environ.get("PREFECT_API_URL")
+    server = None
     if not url:
         from prefect.server.api.server import SubprocessASGIServer
 
@@ -152,5 +147,9 @@ def serve(name: str, parameters: dict[str, Any], cron: str | None, interval: flo
         url = os.environ["PREFECT_API_URL"] = server.api_url
         print(f"Prefect API: {url} (a temporary local server; start runs with PREFECT_API_URL={url} "
               f"prefect deployment run {FLOW_NAME}/{name})", flush=True)
-    with temporary_settings({PREFECT_API_URL: url}):
-        pipeline_flow.serve(name=name, parameters=parameters, cron=cron, interval=interval)
+    try:
+        with temporary_settings({PREFECT_API_URL: url}):
+            pipeline_flow.serve(name=name, parameters=parameters, cron=cron, interval=interval)
+    finally:
+        if server is not None:
+            server.stop()
