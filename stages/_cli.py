@@ -1,9 +1,10 @@
-"""What every stage's `main` shares: argv parsing of --params/--root, logging, one-line errors."""
+"""What every stage's `main` shares: argv parsing of --params/--root, logging, deterministic kernels, one-line errors."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,9 +31,21 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+def deterministic_kernels() -> None:
+    """Same inputs, same outputs, on any runner (`dvc repro` or a Dask worker of `cedar flow`) with the same device
+    and CPU thread count: torch's deterministic kernels (cuBLAS needs its workspace setting before CUDA starts),
+    no cuDNN autotuning. Ops without a deterministic kernel warn instead of failing."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def run_main(name: str, body: Callable[[], object]) -> int:
     """Run a stage body; user errors become `error: <stage>: <message>` on stderr and exit code 2."""
     setup_logging()
+    deterministic_kernels()
     try:
         body()
     except USER_ERRORS as e:
@@ -71,4 +84,5 @@ def exit_with(code: int) -> None:
     sys.exit(code)
 
 
-__all__: Sequence[str] = ["parser", "run_main", "cell_main", "code_digest", "exit_with", "setup_logging", "CODE_ROOT"]
+__all__: Sequence[str] = ["parser", "run_main", "cell_main", "code_digest", "exit_with", "setup_logging", "deterministic_kernels",
+                          "CODE_ROOT"]

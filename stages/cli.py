@@ -1,4 +1,5 @@
-"""The `cedar` command: validate params, switch presets, run the Prefect flow, list runs, explain an image."""
+"""The `cedar` command: validate params, switch presets, run or serve the Prefect flow, show a cluster's job script, list runs,
+explain an image."""
 
 from __future__ import annotations
 
@@ -8,20 +9,11 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from pipeline.config import ParamsError, load_params, resource_problems
-from pipeline.data.dataset import open_dataset
-from pipeline.data.images import load_image
-from pipeline.encoders.registry import open_encoder
-from pipeline.explain.decoder import decode_captions, load_decoder
-from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
-from pipeline.explain.run import latent_labels
-from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
-from pipeline.report.tables import best_run
-from pipeline.store import StoreError, open_store
+from stages.flow import configure_prefect_env
+
+# The schema (pipeline.config) and the models import torch, seconds of start-up: each command imports what it needs,
+# so that `cedar flow` with nothing stale answers as fast as `dvc repro`.
 
 
 def preset_names() -> list[str]:
@@ -29,6 +21,8 @@ def preset_names() -> list[str]:
 
 
 def preset_text(name: str) -> str:
+    from pipeline.config import ParamsError
+
     if name not in preset_names():
         raise ParamsError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
     return resources.files("pipeline.presets").joinpath(f"{name}.yaml").read_text()
@@ -37,6 +31,8 @@ def preset_text(name: str) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """The file (`load_params`, what every stage checks), then what it names outside itself (`resource_problems`:
     pretrained weights available offline, a real dataset's splits)."""
+    from pipeline.config import ParamsError, load_params, resource_problems
+
     params = load_params(args.params)
     problems = resource_problems(params, str(args.params))
     if problems:
@@ -60,15 +56,82 @@ def cmd_preset(args: argparse.Namespace) -> int:
 
 
 def cmd_flow(args: argparse.Namespace) -> int:
-    load_params(args.params)
-    from stages.flow import run_flow  # here: Prefect is slow to import, and only this command needs it
+    """Validate params and the cluster, plan from DVC; --dry prints the plan, else the flow runs it (Prefect is
+    imported only when there is work: it takes seconds to start). Exit status 1 when a stage failed."""
+    from stages.flow.graph import StageError
 
-    report = run_flow(str(args.params), str(args.root), workers=args.workers, dask_address=args.dask)
-    print(report)
+    try:
+        return flow_or_plan(args)
+    except StageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def flow_or_plan(args: argparse.Namespace) -> int:
+    from stages.flow.cluster import choose_cluster
+    from stages.flow.graph import Project, set_params
+
+    if args.retries < 0:
+        raise ValueError(f"--retries: expected an int >= 0, got {args.retries}")
+    root = args.root.resolve()
+    if args.set:
+        set_params(root / "params.yaml", args.set)
+    choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    project = Project(root)
+    try:
+        plan = project.plan(args.targets)
+    finally:
+        project.close()
+    if plan:  # bad params fail here, before any work (DVC sees an edited params.yaml as a change)
+        from pipeline.config import load_params
+
+        load_params(root / "params.yaml")
+    if args.dry:
+        for stage in plan:
+            print(stage.name)
+        return 0
+    if not plan:
+        print("Data and pipelines are up to date.")
+        return 0
+    configure_prefect_env(root)
+    from stages.flow.run import pipeline_flow
+
+    outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
+                            retries=args.retries, root=str(root))
+    ran = [name for name, status in outcome.items() if status == "ran"]
+    print(f"Ran {len(ran)} of {len(outcome)} planned stages; report: {Layout(root).report}")
+    return 0
+
+
+def cmd_cluster_script(args: argparse.Namespace) -> int:
+    from stages.flow.cluster import JobqueueSettings, choose_cluster
+
+    cluster = choose_cluster(args.root / args.cluster_file, args.name)
+    if not isinstance(cluster, JobqueueSettings):
+        raise ValueError(f"cluster {args.name!r} is of kind {cluster.kind!r}: only batch-system clusters (slurm, pbs, lsf, sge, htcondor) submit job scripts")
+    print(cluster.job_script())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+    from stages.flow.cluster import choose_cluster
+
+    root = args.root.resolve()
+    load_params(root / "params.yaml")
+    choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    configure_prefect_env(root)
+    from stages.flow.run import serve
+
+    parameters = {"targets": args.targets, "overrides": args.set, "cluster": args.cluster, "cluster_file": str(args.cluster_file),
+                  "dask_address": args.dask, "retries": args.retries, "root": str(root)}
+    serve(args.name, parameters, args.cron, args.interval)
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+
     params = load_params(args.params)
     layout = Layout(args.root)
     print(f"{'run':<24} {'latents':>8} {'k':>4} {'FVU':>8} {'L0':>7} {'dead':>6}")
@@ -86,6 +149,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def choose_run(names: list[str], evaluated: list[dict], requested: str | None) -> str:
     """The run to explain: `requested` if it is one of the grid's `names`, else the best evaluated run
     (highest objects MATCHScore, `pipeline.report.tables.best_run`). One-line errors otherwise."""
+    from pipeline.report.tables import best_run
+
     if requested is not None:
         if requested not in names:
             raise ValueError(f"unknown run {requested!r}; known runs: {', '.join(names)}")
@@ -101,6 +166,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     The image goes through the same path as the dataset's images (decoded and cropped to the dataset's image size,
     `pipeline.data.images.load_image`) and then through the encoder the encoder stage left (any kind, through
     `pipeline.encoders.registry.open_encoder`)."""
+    import numpy as np
+    import torch
+
+    from pipeline.config import load_params
+    from pipeline.data.dataset import open_dataset
+    from pipeline.data.images import load_image
+    from pipeline.encoders.registry import open_encoder
+    from pipeline.explain.decoder import decode_captions, load_decoder
+    from pipeline.explain.naming import dense_explanations, latent_directions, name_latents
+    from pipeline.explain.run import latent_labels
+    from pipeline.models.checkpoint import load_model
+    from pipeline.store import open_store
+
     params = load_params(args.params)
     layout = Layout(args.root)
     names = [cell.name for cell in params.cells()]
@@ -146,6 +224,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def flow_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments `cedar flow` and `cedar serve` share."""
+    p.add_argument("targets", nargs="*", metavar="TARGET", help="stages as `dvc repro` takes them: a stage, a cell (sae@topk-256-16), "
+                   "a group (sae) or a glob (sae@topk-*); default: all")
+    p.add_argument("--cluster", default="local", help="cluster name in the cluster file (default: local)")
+    p.add_argument("--cluster-file", type=Path, default=Path("cluster.yaml"), help="relative to --root (default cluster.yaml)")
+    p.add_argument("--dask", default=None, metavar="ADDRESS", help="run on this existing Dask scheduler (tcp://host:8786) instead")
+    p.add_argument("--retries", type=int, default=2, help="retries of a stage whose command fails or whose worker dies (default 2)")
+    p.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a params.yaml value first, as `dvc exp run -S` does (repeatable)")
+    p.add_argument("--root", type=Path, default=Path("."), help="the DVC project (default: .)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cedar", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -157,12 +248,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--force", action="store_true", help="overwrite local edits")
     p.set_defaults(func=cmd_preset)
-    p = sub.add_parser("flow", help="run the whole pipeline as a Prefect flow")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--root", type=Path, default=Path("."))
-    p.add_argument("--workers", type=int, default=1, help="concurrent grid cells on this machine")
-    p.add_argument("--dask", default=None, metavar="ADDRESS", help="run tasks on this Dask scheduler (tcp://host:8786)")
+    p = sub.add_parser("flow", help="run the stale DVC stages as a Prefect flow on a Dask cluster (cluster.yaml)")
+    flow_arguments(p)
+    p.add_argument("--dry", action="store_true", help="print the stages that would run, in order, and exit")
     p.set_defaults(func=cmd_flow)
+    p = sub.add_parser("cluster", help="clusters of the cluster file")
+    cluster_sub = p.add_subparsers(dest="cluster_command", required=True)
+    p = cluster_sub.add_parser("script", help="print the batch job script of a slurm/pbs/lsf/sge/htcondor cluster")
+    p.add_argument("name")
+    p.add_argument("--cluster-file", type=Path, default=Path("cluster.yaml"), help="relative to --root (default cluster.yaml)")
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.set_defaults(func=cmd_cluster_script)
+    p = sub.add_parser("serve", help="serve the flow as a Prefect deployment (runs from the UI, the CLI or a schedule)")
+    flow_arguments(p)
+    p.add_argument("--name", default="cedar", help="deployment name (default cedar: cedar-pipeline/cedar)")
+    p.add_argument("--cron", default=None, help="also run on this cron schedule")
+    p.add_argument("--interval", type=float, default=None, help="also run every this many seconds")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("runs", help="list trained runs with their headline metrics")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--root", type=Path, default=Path("."))
@@ -182,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ParamsError, FileNotFoundError, ValueError, StoreError) as e:
+    except Exception as e:
+        from pipeline.config import ParamsError
+        from pipeline.store import StoreError
+
+        if not isinstance(e, (ParamsError, FileNotFoundError, ValueError, StoreError)):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 

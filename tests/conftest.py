@@ -18,7 +18,7 @@ from pipeline.explain.decoder import DecoderSettings, decode_captions, train_dec
 from pipeline.explain.run import Concepts, ExplainSettings, KindData  # noqa: E402
 from pipeline.models import build  # noqa: E402
 from pipeline.training.loop import TrainSettings  # noqa: E402
-from tests.scratch import dvc, scratch_copy  # noqa: E402
+from tests.scratch import copy_repo, dvc, scratch_copy  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -47,11 +47,16 @@ def identity_run() -> dict:
     return {"model": model, "decoder": decoder, "kind": kind, "concepts": concepts, "b": b, "settings": settings}
 
 
+@pytest.fixture(scope="session")
+def tiny_pristine(tmp_path_factory) -> Path:
+    """A scratch copy of the project on the tiny preset in a fresh git repository, before any run (never changed)."""
+    return scratch_copy(tmp_path_factory.mktemp("tiny"))
+
 
 @pytest.fixture(scope="session")
-def tiny_repro(tmp_path_factory) -> Path:
-    """A scratch copy of the project on the tiny preset after one undisturbed `dvc repro` (slow tests only; never
-    changed: tests that change it work on a `tests.scratch.copy_repo` of it)."""
-    repo = scratch_copy(tmp_path_factory.mktemp("tiny"))
+def tiny_repro(tiny_pristine) -> Path:
+    """A copy of `tiny_pristine` (the same commit) after one undisturbed `dvc repro` (slow tests only; never changed:
+    tests that change it work on a `tests.scratch.copy_repo` of it)."""
+    repo = copy_repo(tiny_pristine, tiny_pristine.with_name("reproduced"))
     dvc(repo, "repro")
     return repo

@@ -26,7 +26,7 @@ def scratch_copy(tmp: Path, params: str | None = None) -> Path:
     """The tracked project files (what a clone has) in a fresh git repository `tmp/repo`, with `params` (default: the
     tiny preset) as params.yaml."""
     repo = tmp / "repo"
-    for name in ["pipeline", "stages", "dvc.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
+    for name in ["pipeline", "stages", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

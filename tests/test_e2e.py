@@ -1,6 +1,6 @@
 """End to end on the tiny preset: `dvc repro` in a scratch copy of the repository, then a sweep edit
-that must rerun only the new grid cells and the report, an evaluation change that must not retrain, and the
-Prefect flow over the same stages."""
+that must rerun only the new grid cells and the report, and an evaluation change that must not retrain
+(`cedar flow` over the same stages: tests/test_flow.py)."""
 
 from __future__ import annotations
 

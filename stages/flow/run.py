@@ -1,0 +1,155 @@
+"""The Prefect flow: DVC's stale stages as Prefect tasks, their commands on a Dask cluster, one writer of dvc.lock.
+
+`pipeline_flow` asks DVC for the plan (`stages.flow.graph`: the stale stages and those downstream of them, in
+DVC's order), starts the cluster (`stages.flow.cluster`), and submits one Prefect task per stage, named after it
+(`sae@topk-256-16`), waiting for the stages it depends on; independent stages run at once. Each task lives in the
+flow's own process: it asks DVC whether its stage is still stale, sends the stage's dvc.yaml commands to a Dask
+worker that has the resources the stage asks for (`stages.flow.command`), and, when they succeed, records the stage
+in dvc.lock (only when every output exists). So only this process talks to the Prefect API and writes dvc.lock;
+workers need neither a route to the Prefect server nor Prefect itself, only the project at the same path.
+
+Faults: a stage whose command fails, whose process is killed or whose worker dies is retried (`retries`, default
+2); training resumes from its last epoch checkpoint and extraction from its last chunk. Stages that finished stay
+recorded when another fails; the flow then fails, naming the failed stages, and a rerun runs only what is left.
+
+At the end the flow publishes the report's path and the headline metrics of the grid as Prefect artifacts. Without
+PREFECT_API_URL, Prefect runs a temporary local server as a child of this process (`stages.flow.configure_prefect_env`,
+called before Prefect is imported, keeps it offline and inside the project); it stops with the flow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+
+from pipeline.config import load_params
+from pipeline.paths import Layout
+from pipeline.report.tables import best_score
+from stages.flow.cluster import Cluster, choose_cluster, open_cluster
+from stages.flow.command import run_commands, thread_environment
+from stages.flow.graph import PlannedStage, Project, StageError, set_params
+
+FLOW_NAME = "cedar-pipeline"
+
+
+class FlowError(StageError):
+    """Some stages failed; the message names them (the stages that finished are recorded in dvc.lock)."""
+
+
+@task(cache_policy=NO_CACHE, retry_delay_seconds=1)
+def run_stage(stage: PlannedStage, project: Project, client: Any, environment: dict[str, str | None], resources: dict[str, float]) -> str:
+    """One DVC stage: "ran", "unchanged" (DVC found it up to date when its turn came) or "restored" (from DVC's
+    run cache). Its command runs on a Dask worker offering `resources`; the stage is recorded here, in the driver."""
+    logger = get_run_logger()
+    status = project.start(stage.name)
+    if status != "run":
+        print(f"Stage '{stage.name}' {'did not change' if status == 'unchanged' else 'was restored from the run cache'}, skipping", flush=True)
+        return status
+    print(f"Running stage '{stage.name}'", flush=True)
+    start = time.perf_counter()
+    future = client.submit(run_commands, stage.name, list(stage.commands), stage.wdir, str(project.root), environment,
+                           resources=resources or None, key=f"{stage.name}-{uuid.uuid4().hex[:8]}", pure=False)
+    logger.info("%s", future.result())
+    project.record(stage.name)
+    print(f"Stage '{stage.name}' finished in {time.perf_counter() - start:.1f} s and is recorded in dvc.lock", flush=True)
+    return "ran"
+
+
+def run_plan(plan: list[PlannedStage], project: Project, cluster: Cluster, retries: int) -> dict[str, str]:
+    """Submit every planned stage after the stages it needs; returns each stage's outcome, or raises FlowError."""
+    environment = thread_environment(cluster.threads)
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # its "Updating lock file" lines: run_stage prints its own
+    futures = {}
+    with open_cluster(cluster) as client:
+        for stage in plan:
+            offered = {name: amount for name, amount in stage.resources.items() if name in cluster.resources}
+            task_ = run_stage.with_options(name=stage.name.split("@")[0], task_run_name=stage.name, retries=retries)
+            futures[stage.name] = task_.submit(stage, project, client, environment, offered, wait_for=[futures[n] for n in stage.needs])
+        wait(list(futures.values()))
+    outcome = {name: future.result() if future.state.is_completed() else "failed" for name, future in futures.items()}
+    failed = [name for name, future in futures.items() if future.state.is_failed() or future.state.is_crashed()]
+    if failed:
+        waiting = [name for name, status in outcome.items() if status == "failed" and name not in failed]
+        raise FlowError(f"failed stages: {', '.join(failed)}" + (f"; not run: {', '.join(waiting)}" if waiting else "")
+                        + "; the finished stages are recorded in dvc.lock, rerun the flow to finish the rest")
+    return outcome
+
+
+def headline(root: Path) -> list[dict[str, Any]]:
+    """One row per evaluated grid cell: its size, k and trained FVU, L0, dead fraction and objects MATCHScore."""
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    rows = []
+    for cell in params.cells():
+        path = layout.run_metrics(cell.name)
+        if path.is_file():
+            metrics = json.loads(path.read_text())
+            trained = metrics["trained"]
+            score = best_score(metrics)
+            rows.append({"run": cell.name, "latents": metrics["size"], "k": metrics["k"], "fvu": trained["fvu"], "l0": trained["l0"],
+                         "dead_fraction": trained["dead_fraction"], "match_score": None if score == float("-inf") else score})
+    return rows
+
+
+def publish(root: Path) -> None:
+    """The report's path and the headline metrics table as Prefect artifacts of this flow run."""
+    report = Layout(root).report.resolve()
+    if report.is_file():
+        create_link_artifact(key="cedar-report", link=report.as_uri(), link_text=str(report), description="The HTML report of this run")
+    rows = headline(root)
+    if rows:
+        create_table_artifact(key="cedar-metrics", table=rows, description="Headline metrics per grid cell (trained model)")
+
+
+@flow(name=FLOW_NAME)
+def pipeline_flow(targets: list[str] | None = None, overrides: list[str] | None = None, cluster: str = "local", cluster_file: str = "cluster.yaml",
+                  dask_address: str | None = None, retries: int = 2, root: str = ".") -> dict[str, str]:
+    """Run the stale DVC stages (of `targets`, default all) on `cluster` from `cluster_file` (relative to `root`)
+    or on the scheduler at `dask_address`, after applying `-S` `overrides` to params.yaml; returns what each
+    planned stage did ("ran", "unchanged", "restored")."""
+    base = Path(root).resolve()
+    if overrides:
+        set_params(base / "params.yaml", overrides)
+    load_params(base / "params.yaml")  # bad params fail before any work
+    chosen = choose_cluster(base / cluster_file, cluster, dask_address)
+    project = Project(base)
+    try:
+        plan = project.plan(targets)
+        outcome = run_plan(plan, project, chosen, retries) if plan else {}
+    finally:
+        project.close()
+    publish(base)
+    return outcome
+
+
+def serve(name: str, parameters: dict[str, Any], cron: str | None, interval: float | None) -> None:
+    """`cedar serve`: serve the flow as deployment `cedar-pipeline/<name>` until interrupted; runs start from the
+    Prefect UI or `prefect deployment run` (parameters such as `overrides` as in `dvc exp run -S`) or on the
+    schedule. Without PREFECT_API_URL, it starts Prefect's temporary local server and prints its address."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = os.environ.get("PREFECT_API_URL")
+    server = None
+    if not url:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()
+        server.start()
+        url = os.environ["PREFECT_API_URL"] = server.api_url
+        print(f"Prefect API: {url} (a temporary local server; start runs with PREFECT_API_URL={url} "
+              f"prefect deployment run {FLOW_NAME}/{name})", flush=True)
+    try:
+        with temporary_settings({PREFECT_API_URL: url}):
+            pipeline_flow.serve(name=name, parameters=parameters, cron=cron, interval=interval)
+    finally:
+        if server is not None:
+            server.stop()
