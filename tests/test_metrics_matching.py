@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import sparse
 from sklearn.metrics import f1_score, fbeta_score
 
 from pipeline.metrics import matching
@@ -120,13 +121,13 @@ def test_fbmp_at_least_one_to_one_on_random_data() -> None:
         np.testing.assert_array_equal(first.f1, o2o.f1)
 
 
-def test_block_counts_equal_one_product(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sparse_counts_equal_the_dense_product() -> None:
     rng = np.random.default_rng(6)
     active = rng.random((101, 9)) < 0.3
     labels = rng.random((101, 4)) < 0.3
     expected = active.astype(np.int64).T @ labels.astype(np.int64)
-    monkeypatch.setattr(matching, "_BLOCK_ELEMENTS", 20)  # blocks of 2 rows
-    np.testing.assert_array_equal(matching._tp_counts(active, labels), expected)
+    np.testing.assert_array_equal(matching._tp_counts(matching._check_active(active), labels), expected)
+    np.testing.assert_array_equal(matching._tp_counts(matching._check_active(sparse.csc_matrix(active)), labels), expected)
 
 
 def test_matching_result_types() -> None:

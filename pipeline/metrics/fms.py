@@ -52,6 +52,8 @@ import numpy as np
 from scipy import sparse
 from sklearn.tree import DecisionTreeClassifier
 
+from pipeline.metrics.csr import to_csr
+
 logger = logging.getLogger(__name__)
 
 # Codes with at most this fraction of non-zeros are handed to the trees as CSC sparse matrices:
@@ -187,7 +189,9 @@ def fms(
 ) -> FMSResult:
     """Feature Monosemanticity Score of `codes` for binary concepts (see the module docstring).
 
-    codes: (n, n_latents) numeric, finite. labels: (n,) or (n, n_concepts) bool.
+    codes: (n, n_latents) numeric, finite: a dense array or a scipy.sparse matrix (the same trees either way: the
+    representation the trees see is chosen by the density of the codes, not by their type). labels: (n,) or
+    (n, n_concepts) bool.
     max_n: rows used per concept at most. seed: drives the row subsamples.
     removals: the p of FMS@p, or several to average (default: the published 1..9).
     levels: the levels of the global term, "published" (with the no-split level) or "paper" (2 .. D).
@@ -195,12 +199,13 @@ def fms(
     False = one uniform subsample of max_n rows shared by all concepts, class ratio as in the data.
     Loops over concepts and removals (each one a tree fit); nothing loops over rows or latents.
     """
-    if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
+    if not (isinstance(codes, np.ndarray) or sparse.issparse(codes)) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
         got = getattr(codes, "shape", type(codes))
-        raise ValueError(f"codes: expected a non-empty 2-D numpy array (n, n_latents), got {got}")
+        raise ValueError(f"codes: expected a non-empty 2-D numpy array or scipy.sparse matrix (n, n_latents), got {got}")
     if codes.dtype.kind not in "fiub":
         raise TypeError(f"codes: expected a numeric array, got dtype {codes.dtype}")
-    if codes.dtype.kind == "f" and not np.isfinite(codes).all():
+    x_all = to_csr("codes", codes, dtype=np.float32)  # CSR for cheap row selection; each concept's rows go to CSC
+    if not np.isfinite(x_all.data).all():
         raise ValueError("codes: contains NaN or infinite values")
     if not isinstance(labels, np.ndarray) or labels.dtype != np.bool_:
         raise TypeError(f"labels: expected a bool numpy array, got {getattr(labels, 'dtype', type(labels))}")
@@ -216,10 +221,7 @@ def fms(
     removals = tuple(int(p) for p in removals)
     if levels not in ("published", "paper"):
         raise ValueError(f"levels: expected 'published' or 'paper', got {levels!r}")
-    x_all = codes.astype(np.float32)
-    use_sparse = np.count_nonzero(x_all) <= _SPARSE_DENSITY * x_all.size
-    if use_sparse:
-        x_all = sparse.csr_matrix(x_all)  # CSR for cheap row selection; each concept's rows go to CSC
+    use_sparse = x_all.nnz <= _SPARSE_DENSITY * x_all.shape[0] * x_all.shape[1]
     n_concepts = labels.shape[1]
     acc0 = np.full(n_concepts, np.nan)
     local = np.full(n_concepts, np.nan)
@@ -242,8 +244,7 @@ def fms(
             logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows.size)
             continue
         x = x_all[rows]
-        if use_sparse:
-            x = x.tocsc()
+        x = sparse.csc_matrix(x) if use_sparse else x.toarray()
         if _root_split_accuracy(x, y, seed)[1] < 0:
             logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows.size)
             continue
