@@ -8,7 +8,12 @@
   are skipped and listed (`on_bad_image: skip`, labels stay aligned because their rows are dropped) or stop the
   stage (`fail`).
 
-`read_source(settings, seed)` returns what `pipeline.data.dataset.write_dataset` stores.
+- `synthetic` (`SyntheticSettings`): planted sparse concepts written straight to embeddings (no images, no encoder;
+  `pipeline.data.synthetic`), so that the training and evaluation half of the pipeline runs, and is benchmarked,
+  at any size on any machine; it doubles as the planted-recovery benchmark at scale.
+
+`read_source(settings, seed)` returns what `pipeline.data.dataset.write_dataset` stores (images and labels in
+memory); the synthetic source is written chunk by chunk by `pipeline.data.synthetic.write_synthetic` instead.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pipeline.data.syn import load_syn
 from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
-from pipeline.settings import Float, NonNegativeInt, settings
+from pipeline.settings import Float, NonNegativeFloat, NonNegativeInt, settings
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +104,38 @@ class FileSettings:
         return self
 
 
-DataSettings = Annotated[ScenesSettings | FileSettings, Field(discriminator="source")]
+@settings
+class SyntheticSettings:
+    """Planted sparse concepts, written straight to embeddings (`pipeline.data.synthetic` has the model).
+
+    n: rows (embeddings). d: their dimension. families x values: one-hot attribute families (families * values binary
+    concepts, each a random unit direction; CUB-like 28 x 11 by default); every row has one value of every family
+    active with a magnitude in [0.5, 1.5]. noise: standard deviation of the Gaussian noise per coordinate. offset:
+    norm of a constant vector added to every row (CLIP embeddings lie far from the origin). n_pairs: intervention
+    pairs, each a test row with one family's value swapped. chunk_rows: rows generated and written at a time (bounds
+    the data stage's memory).
+    """
+
+    source: Literal["synthetic"]
+    n: Annotated[int, Strict(), Field(ge=20)]
+    d: Annotated[int, Strict(), Field(ge=2)] = 768
+    families: Annotated[int, Strict(), Field(ge=1)] = 28
+    values: Annotated[int, Strict(), Field(ge=2)] = 11
+    noise: NonNegativeFloat = 0.05
+    offset: NonNegativeFloat = 1.0
+    n_pairs: NonNegativeInt = 1000
+    split: Split = (0.8, 0.1, 0.1)
+    chunk_rows: Annotated[int, Strict(), Field(ge=1)] = 65_536
+
+    @model_validator(mode="after")
+    def _pairs_fit_the_test_split(self) -> "SyntheticSettings":
+        n_test = int(self.n * self.split[2])
+        if self.n_pairs > n_test:
+            raise ValueError(f"n_pairs={self.n_pairs} > about {n_test} test rows (one pair per test row)")
+        return self
+
+
+DataSettings = Annotated[ScenesSettings | FileSettings | SyntheticSettings, Field(discriminator="source")]
 
 
 @dataclass

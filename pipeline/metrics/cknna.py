@@ -99,6 +99,14 @@ def _masked_similarity(k_mat: np.ndarray, l_mat: np.ndarray, mask_k: np.ndarray,
     return hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
 
 
+def cknna_subsample(n: int, max_n: int | None, seed: int) -> np.ndarray:
+    """int64 positions of the rows `cknna` uses out of n: all when n <= max_n (or max_n is None), else a seeded
+    sorted subset of max_n (a caller that reads rows from disk can read only these and pass max_n=None)."""
+    if max_n is None or n <= max_n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False)).astype(np.int64)
+
+
 def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0) -> float:
     """CKNNA between two representations of the same items.
 
@@ -119,7 +127,7 @@ def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0
         raise ValueError(f"max_n: expected None or an int >= 4, got {max_n!r}")
     n = a.shape[0]
     if max_n is not None and n > max_n:
-        rows = np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False))
+        rows = cknna_subsample(n, max_n, seed)
         a, b = _rows(a, rows), _rows(b, rows)
         n = max_n
     if n < 4:

@@ -69,4 +69,4 @@ def stack_rows(blocks: list[sparse.csr_array], n_columns: int) -> sparse.csr_arr
     """Row blocks (each (b_i, n_columns)) stacked into one CSR matrix; an empty list gives (0, n_columns)."""
     if not blocks:
         return sparse.csr_array((0, n_columns), dtype=np.float32)
-    return sparse.csr_array(sparse.vstack(blocks, format="csr"))
+    return sparse.csr_array(sparse.vstack([sparse.csr_array(b) for b in blocks], format="csr"))

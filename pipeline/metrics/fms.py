@@ -126,6 +126,13 @@ def truncated_accuracies(clf: DecisionTreeClassifier) -> np.ndarray:
 Codes = np.ndarray | sparse.csc_matrix
 
 
+def _tree_csc(x: sparse.csr_array) -> sparse.csc_matrix:
+    """CSC with int32 indices, what scikit-learn's sparse tree splitter takes (it refuses int64 indices)."""
+    out = sparse.csc_matrix(x)
+    out.indices, out.indptr = out.indices.astype(np.int32), out.indptr.astype(np.int32)
+    return out
+
+
 def _zero_column(x: Codes, column: int) -> None:
     """Remove latent `column` in place (its values become 0, i.e. inactive)."""
     if sparse.issparse(x):
@@ -244,7 +251,7 @@ def fms(
             logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows.size)
             continue
         x = x_all[rows]
-        x = sparse.csc_matrix(x) if use_sparse else x.toarray()
+        x = _tree_csc(x) if use_sparse else x.toarray()
         if _root_split_accuracy(x, y, seed)[1] < 0:
             logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows.size)
             continue
