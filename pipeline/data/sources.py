@@ -112,8 +112,8 @@ class SyntheticSettings:
     concepts, each a random unit direction; CUB-like 28 x 11 by default); every row has one value of every family
     active with a magnitude in [0.5, 1.5]. noise: standard deviation of the Gaussian noise per coordinate. offset:
     norm of a constant vector added to every row (CLIP embeddings lie far from the origin). n_pairs: intervention
-    pairs, each a test row with one family's value swapped. chunk_rows: rows generated and written at a time (bounds
-    the data stage's memory).
+    pairs, each a test row with one family's value swapped. The data stage draws and writes a block of rows at a time
+    (memory: one block, whatever n is).
     """
 
     source: Literal["synthetic"]
@@ -125,7 +125,6 @@ class SyntheticSettings:
     offset: NonNegativeFloat = 1.0
     n_pairs: NonNegativeInt = 1000
     split: Split = (0.8, 0.1, 0.1)
-    chunk_rows: Annotated[int, Strict(), Field(ge=1)] = 65_536
 
     @model_validator(mode="after")
     def _pairs_fit_the_test_split(self) -> "SyntheticSettings":

@@ -14,8 +14,9 @@ concepts whose "text embeddings" are the directions themselves (the concept stor
 An intervention pair is a test row and the same row with one family's value swapped (same magnitude and noise):
 x' = x - m D[f, v] + m D[f, v']. Captions list the row's concepts ("f0v3 f1v10 ...").
 
-Everything is drawn per chunk of `chunk_rows` rows from a generator seeded by (seed, chunk), so the data stage's
-memory is one chunk whatever n is, and the same settings and seed give the same stores. Written into the dataset
+Everything is drawn per block of `BLOCK_ROWS` rows from a generator seeded by (seed, block) and written before the
+next block is drawn, so the data stage's memory is one block (BLOCK_ROWS x (d floats + A bools)) whatever n is,
+and the same settings and seed give the same stores. Written into the dataset
 folder (layout of `pipeline.data.dataset`: attributes, split, source, captions, meta, pairs, no images) and its
 embeddings/ folder: images.zarr (n, d), pairs_before.zarr and pairs_after.zarr (p, d), concepts.zarr (A, d) with
 the names as attrs["texts"] (what the extract stage would write; it links them into store/embeddings).
@@ -41,6 +42,8 @@ from pipeline.store import StoreWriter, write_array
 log = logging.getLogger(__name__)
 
 KIND = "synthetic"
+#: rows drawn and written at a time (fixed: the data must not depend on a memory knob)
+BLOCK_ROWS = 8192
 #: the embedding stores written into <dataset>/embeddings/, named as the extract stage names its own
 EMBEDDING_STORES = ("images.zarr", "pairs_before.zarr", "pairs_after.zarr", "concepts.zarr")
 
@@ -79,9 +82,9 @@ def split_of(settings: SyntheticSettings, seed: int) -> np.ndarray:
     return split
 
 
-def draw_chunk(settings: SyntheticSettings, seed: int, chunk: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One chunk's values int64 (rows, F), magnitudes float32 (rows, F) and noise float32 (rows, d)."""
-    rng = np.random.default_rng([seed, 2, chunk])
+def draw_block(settings: SyntheticSettings, seed: int, block: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block's values int64 (rows, F), magnitudes float32 (rows, F) and noise float32 (rows, d)."""
+    rng = np.random.default_rng([seed, 2, block])
     values = rng.integers(0, settings.values, size=(rows, settings.families))
     magnitudes = rng.uniform(0.5, 1.5, size=(rows, settings.families)).astype(np.float32)
     noise = (settings.noise * rng.standard_normal(size=(rows, settings.d), dtype=np.float32)).astype(np.float32)
@@ -96,7 +99,7 @@ def embed(columns: np.ndarray, magnitudes: np.ndarray, noise: np.ndarray, concep
 
 
 def write_synthetic(root: Path, settings: SyntheticSettings, seed: int, provenance: dict[str, Any]) -> None:
-    """Write the synthetic dataset and its embeddings into `root` (see the module docstring), chunk by chunk."""
+    """Write the synthetic dataset and its embeddings into `root` (see the module docstring), block by block."""
     start = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     (root / "pairs").mkdir(exist_ok=True)
@@ -113,7 +116,6 @@ def write_synthetic(root: Path, settings: SyntheticSettings, seed: int, provenan
     encoder_id = f"synthetic:{digest({'settings': dataclasses.asdict(settings), 'seed': seed})}"
     base = {"encoder": encoder_id, "dataset": digest(provenance)}
     attrs = {"producer": "stages.data (synthetic source)", "encoder": encoder_id, "dim": d}
-    chunk = settings.chunk_rows
     width = families * (len(names[0]) + 1) - 1
     writers = {
         "attributes": StoreWriter(root / "attributes.zarr", (a,), bool, fingerprint=fp, expected_rows=n),
@@ -122,9 +124,9 @@ def write_synthetic(root: Path, settings: SyntheticSettings, seed: int, provenan
                               attrs={**attrs, "rows": "dataset rows"}),
     }
     picked: dict[str, list[np.ndarray]] = {"x": [], "columns": [], "magnitudes": []}
-    for c, lo in enumerate(range(0, n, chunk)):
-        hi = min(n, lo + chunk)
-        value, magnitude, noise = draw_chunk(settings, seed, c, hi - lo)
+    for block, lo in enumerate(range(0, n, BLOCK_ROWS)):
+        hi = min(n, lo + BLOCK_ROWS)
+        value, magnitude, noise = draw_block(settings, seed, block, hi - lo)
         columns = np.arange(families) * values + value  # (rows, F) concept columns
         x = embed(columns, magnitude, noise, concepts, offset)
         labels = np.zeros((hi - lo, a), dtype=bool)

@@ -45,7 +45,7 @@ from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
 from pipeline.scoring.concepts import ConceptData, EvaluateSettings, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
 from pipeline.scoring.reconstruction import OnBatch, encode_rows, fvu_curve
 from pipeline.store import Store, StoreError
-from pipeline.training.device import resolve_device
+from pipeline.training.device import device_name, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +181,6 @@ def explain_kinds(inputs: CellInputs, codes: CodeSet, explain: ExplainSettings, 
             **({"caption_attributes": labels, "caption_names": list(names), "caption_phrases": list(phrases)} if data.one_hot(kind) else {}),
         ))
     return kinds
-
-
-def device_name(device: torch.device) -> str:
-    """The device in words for the records: "cpu", or "cuda:0 (NVIDIA H200)"."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    return str(device)
 
 
 def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: CellInputs, evaluate: EvaluateSettings, explain: ExplainSettings,

@@ -42,3 +42,13 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def device_name(device: str | torch.device) -> str:
+    """The device in words for the records (every metrics file names where its numbers were computed): "cpu",
+    "cuda:0 (NVIDIA H200)", "mps"."""
+    device = resolve_device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
