@@ -14,8 +14,7 @@ from scipy import sparse
 
 from pipeline.metrics.cknna import cknna
 from pipeline.metrics.fms import fms
-from pipeline.metrics.matching import (binarise, coalition_counts, coalition_f1, counts_f1, delta_match_score, fbmp,
-                                       one_to_one)
+from pipeline.metrics.matching import binarise, coalition_counts, coalition_f1, counts_f1, delta_match_score, fbmp, one_to_one
 from pipeline.metrics.reconstruction import ReconstructionAccumulator, dead_fraction, l0
 from pipeline.metrics.tapas import delta_stay, tapascore
 

@@ -11,8 +11,17 @@ import torch
 from pipeline.metrics.matching import binarise, coalition_f1, fbmp, nan_mean
 from pipeline.models import build
 from pipeline.scoring.codes import ArrayCodes, bernoulli_csr
-from pipeline.scoring.concepts import (ConceptData, EvaluateSettings, ProbeStream, VariantCodes, concept_metrics, fit_family_probes,
-                                       matching_scores, prefix_scores, random_variant)
+from pipeline.scoring.concepts import (
+    ConceptData,
+    EvaluateSettings,
+    ProbeStream,
+    VariantCodes,
+    concept_metrics,
+    fit_family_probes,
+    matching_scores,
+    prefix_scores,
+    random_variant,
+)
 
 
 def test_prefix_scores_equal_fbmp_with_smaller_k():

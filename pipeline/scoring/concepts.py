@@ -46,8 +46,7 @@ from scipy import sparse
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
-from pipeline.metrics.matching import (PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp,
-                                       nan_mean, one_to_one)
+from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one
 from pipeline.metrics.probe import fit_probe, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
