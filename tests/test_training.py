@@ -207,3 +207,52 @@ def test_train_settings_refuse_bad_values_naming_the_field():
                           ({"warmup_frac": 1.5}, "warmup_frac")]:
         with pytest.raises(ValueError, match=field):
             TrainSettings(**kwargs)
+
+
+def test_a_step_budget_stops_mid_epoch_and_spans_the_schedule():
+    """max_steps = 20 with 8 batches per epoch over 40 epochs: 20 steps (2.5 epochs), the lr schedule ends at its
+    floor on the last step, and the history has the 3 epochs that ran."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 3)).astype(np.float32)
+    weight = np.ones((256, 1), dtype=np.float32)
+
+    def batches(epoch):
+        for start in range(0, 256, 32):
+            yield x[start:start + 32], weight[start:start + 32]
+
+    module = Quadratic()
+    result = fit(module, batches, 8, TrainSettings(epochs=40, lr=0.1, min_lr_frac=0.0, max_steps=20), seed=0)
+    assert module.steps == 20 and len(result.history) == 3 and result.best_epoch == 3
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_bf16_is_ignored_on_the_cpu_and_by_modules_not_safe_in_it(caplog):
+    from pipeline.models import build
+    from pipeline.training.loop import use_bf16
+
+    settings = TrainSettings(precision="bf16")
+    with caplog.at_level("INFO"):
+        assert not use_bf16(Quadratic(), settings, torch.device("cpu"))
+    assert "precision bf16 ignored (not on a GPU)" in caplog.text
+    assert build("cedar", 4, 4, 2).autocast_safe is False and build("topk", 4, 8, 2).autocast_safe is True
+    assert not use_bf16(build("cedar", 4, 4, 2), settings, torch.device("cuda")), "a rotation stays in float32 even on a GPU"
+    assert not use_bf16(Quadratic(), TrainSettings(), torch.device("cuda"))
+    with pytest.raises(ValueError, match="precision"):
+        TrainSettings(precision="fp8")
+
+
+def test_prefetched_batches_arrive_in_order_on_the_device():
+    from pipeline.training.loop import prefetched
+
+    read = []
+
+    def source():
+        for i in range(4):
+            read.append(i)
+            yield np.full((2, 3), i, dtype=np.float64)
+
+    out = prefetched(source(), torch.device("cpu"))
+    first = next(out)
+    assert read == [0, 1], "the next batch is read (and sent) before the current one is used"
+    rest = list(out)
+    assert [int(b[0, 0]) for b in [first, *rest]] == [0, 1, 2, 3] and all(b.dtype == torch.float32 for b in rest)

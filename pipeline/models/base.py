@@ -88,6 +88,9 @@ class SparseModel(nn.Module):
     method: ClassVar[str] = ""
     signed: ClassVar[bool] = False
     trainable: ClassVar[bool] = True
+    #: whether training may run the forward pass under bfloat16 autocast (`TrainSettings.precision`); the rotation
+    #: models say no (their matrix exponential / Cayley map and exact invertibility need float32)
+    autocast_safe: ClassVar[bool] = True
     #: training progress at which a curriculum reaches its target (0: the model has none; see CEDAR)
     curriculum_end: float = 0.0
 
