@@ -30,7 +30,7 @@ from pipeline.grid import Cell
 from pipeline.models import build
 from pipeline.models.checkpoint import read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import code_version, digest, source_digest
+from pipeline.provenance import code_version, digest, rows_digest, source_digest
 from pipeline.records import write_json
 from pipeline.store import open_store, replace_dir
 from pipeline.training.resume import load_resume, save_resume
@@ -50,7 +50,7 @@ def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_r
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
         "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
-        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": source_digest(TRAINING_CODE, CODE_ROOT),
+        "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)], "code": source_digest(TRAINING_CODE, CODE_ROOT),
     })
 
 

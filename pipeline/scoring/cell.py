@@ -40,7 +40,7 @@ from pipeline.explain.run import Concepts, ExplainSettings, KindData, explain_ro
 from pipeline.grid import Cell
 from pipeline.models import build
 from pipeline.models.base import SparseModel
-from pipeline.provenance import digest
+from pipeline.provenance import rows_digest
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
 from pipeline.scoring.concepts import ConceptData, EvaluateSettings, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
 from pipeline.scoring.reconstruction import OnBatch, encode_rows, fvu_curve
@@ -136,9 +136,9 @@ def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[
             stream.add(rows, x, x_hat)
 
     def source(store: Store, rows: np.ndarray) -> dict[str, Any]:
-        return {**base, "store": store.attrs.get("fingerprint"), "rows": digest(rows.tolist())}
+        return {**base, "store": store.attrs.get("fingerprint"), "rows": rows_digest(rows)}
 
-    probe_key = {kind: {"rows": digest(d.match_rows.tolist()), "families": d.families, "seed": seed} for kind, d in kinds.items()}
+    probe_key = {kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed} for kind, d in kinds.items()}
     test_rows = inputs.data.rows("test")
     bs = settings.batch_size
     return {
