@@ -70,7 +70,6 @@ def params(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def child(stage: str, root: Path) -> dict[str, Any]:
     """Run one stage in this process; returns {seconds, rows} (the parent measures memory)."""
-    import numpy as np
 
     from pipeline.config import load_params
     from pipeline.paths import Layout

@@ -36,6 +36,7 @@ from pipeline.data.folders import load_folders
 from pipeline.data.images import SquareUint8, iter_image_batches
 from pipeline.data.phrases import name_phrases
 from pipeline.data.syn import load_syn
+from pipeline.data.table import assign_split
 from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
@@ -85,7 +86,10 @@ class ScenesSettings:
 class FileSettings:
     """A real dataset on disk: `folders` (root/<class>/*.jpg), `cub` (CUB_200_2011 layout), `coco`
     (annotations/instances_<coco_split>.json + images), `syn` (a local synCUB/synCOCO copy, or its hub name
-    jokl/syncub | jokl/syncoco with a network). workers: DataLoader processes that decode the images."""
+    jokl/syncub | jokl/syncoco with a network). workers: DataLoader processes that decode the images.
+    split: train / validation / test fractions (folders and coco: stratified by class; syn: of the distinct base
+    images, so that models train on them; cub keeps its own train/test split and takes the validation fraction
+    from its training images)."""
 
     source: Literal["folders", "cub", "coco", "syn"]
     root: Annotated[str, Field(min_length=1)]
@@ -188,6 +192,9 @@ def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
         table, pair_table = load_coco(data.root, split_name=data.coco_split, split=tuple(data.split), seed=seed, check=check), None
     else:
         table, pair_table = load_syn(data.root, check=check)
+        # the benchmark's base images are split by `split` like any source, so models can train on them (the loader
+        # marks them all test: the pairs are the evaluation set, and every pair is scored whatever its base's split)
+        table.split = assign_split(np.zeros(len(table.paths), dtype=np.int64), tuple(data.split), seed)
     images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images")
     keep = np.ones(len(table.paths), dtype=bool)
     keep[[b["index"] for b in bad]] = False

@@ -291,12 +291,13 @@ def coalition_counts(active: Active, labels: np.ndarray, coalitions: list[np.nda
     return np.stack([np.count_nonzero(yhat & labels, axis=0), yhat.sum(axis=0), labels.sum(axis=0)]).astype(np.int64)
 
 
-def counts_f1(counts: np.ndarray) -> np.ndarray:
+def counts_f1(counts: np.ndarray, warn: bool = True) -> np.ndarray:
     """(A,) F1 from `coalition_counts` (summed over row blocks); NaN for an attribute with no positive row, with a
-    warning (see the module docstring)."""
+    warning unless `warn` is False (see the module docstring)."""
     tp, n_pred, n_true = np.asarray(counts, dtype=np.int64)
     defined = n_true > 0
-    _warn_undefined(defined)
+    if warn:
+        _warn_undefined(defined)
     return np.where(defined, _f1_from_counts(tp, n_true, n_pred), np.nan)
 
 

@@ -193,9 +193,9 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
         active_test, y_test = binarise(codes.test.codes(block), settings.active_threshold), data.labels(block)
         for key, sets in coalitions.items():
             counts[key] += coalition_counts(active_test, y_test, sets)
-    for beta in settings.betas:
+    for beta in settings.betas:  # every rule sees the same test labels: one warning about undefined attributes
         rule = f"fbmp_b{beta:g}"
-        scores[rule]["test"] = {k: nan_mean(counts_f1(counts[(rule, k)])) for k in settings.match_ks}
+        scores[rule]["test"] = {k: nan_mean(counts_f1(counts[(rule, k)], warn=False)) for k in settings.match_ks}
     scores["one_to_one"]["test"] = nan_mean(counts_f1(counts[("one_to_one", 0)]))
     if tapas_matching is None:
         tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k)
@@ -217,14 +217,16 @@ def fit_family_probes(data: ConceptData, seed: int) -> dict[str, Any]:
 class ProbeStream:
     """Probe scores of reconstructions streamed over a kind's test rows: `add` each encoded batch (rows of any
     kind; those of this kind are kept), `result` gives the mean over families of the probe CE on originals and on
-    reconstructions, the KL and both accuracies (means over all the kind's test rows)."""
+    reconstructions, the KL and both accuracies (each family's mean over the kind's test rows). A test row whose class
+    the probe never saw among the matching rows (rare classes of small datasets) is left out of that family's scores:
+    a probe has no output for it."""
 
     FIELDS = ("ce_original", "ce_reconstruction", "kl", "accuracy_original", "accuracy_reconstruction")
 
     def __init__(self, probes: dict[str, Any], data: ConceptData) -> None:
         self.probes, self.data = probes, data
         self.sums = {family: np.zeros(len(self.FIELDS)) for family in probes}
-        self.n = 0
+        self.counts = {family: 0 for family in probes}
 
     def add(self, rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
         mine = np.isin(rows, self.data.test_rows, assume_unique=True)
@@ -232,14 +234,20 @@ class ProbeStream:
             return
         labels = self.data.labels(rows[mine])
         for family, columns in self.data.families.items():
-            result = probe_scores(self.probes[family], x[mine], x_hat[mine].astype(np.float32), np.argmax(labels[:, columns], axis=1))
-            self.sums[family] += int(mine.sum()) * np.array([getattr(result, f) for f in self.FIELDS])
-        self.n += int(mine.sum())
+            probe = self.probes[family]
+            y = np.argmax(labels[:, columns], axis=1)
+            seen = np.isin(y, probe.classes_)
+            if not seen.any():
+                continue
+            result = probe_scores(probe, x[mine][seen], x_hat[mine][seen].astype(np.float32), y[seen])
+            self.sums[family] += int(seen.sum()) * np.array([getattr(result, f) for f in self.FIELDS])
+            self.counts[family] += int(seen.sum())
 
     def result(self) -> dict[str, float] | None:
-        if not self.probes or self.n == 0:
+        scored = [family for family in self.probes if self.counts[family]]
+        if not scored:
             return None
-        means = np.mean([total / self.n for total in self.sums.values()], axis=0)
+        means = np.mean([self.sums[family] / self.counts[family] for family in scored], axis=0)
         return {f: float(v) for f, v in zip(self.FIELDS, means)}
 
 
