@@ -36,7 +36,7 @@ def run(params: Params, layout: Layout) -> None:
         write_synthetic(tmp, params.data, params.seed, provenance)
         bad_images: list = []
     else:
-        source = read_source(params.data, params.seed)
+        source = read_source(params.data, params.seed, images_out=tmp / "images.zarr", fingerprint={"provenance": provenance})
         write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
         bad_images = source.bad_images
     write_json(tmp / layout.bad_images.name, bad_images)

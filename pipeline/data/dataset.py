@@ -209,7 +209,8 @@ def open_dataset(root: str | Path) -> Dataset:
 def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str], prompts: dict[str, list[str]],
                   phrases: Callable[[list[str]], list[list[str]]], provenance: dict[str, Any]) -> None:
     """Write (SceneSet, PairSet) parts (pipeline.data.world.scenes, or a real dataset's tables), one per kind,
-    stacked into `root`.
+    stacked into `root`. A single part whose `images` is already the store root/images.zarr (a real source streams
+    its decoded images there, `pipeline.data.sources.decode`) keeps it.
 
     Row blocks follow `parts` order; label columns are the parts' columns side by side, so each
     part's attribute, family and pair indices are shifted by the columns before it. phrases: the source's rule
@@ -247,7 +248,9 @@ def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str
         pair_meta["removed"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.removed)]
         pair_meta["added"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.added)]
         row, col, pair = row + n, col + a, pair + p
-    write_array(root / "images.zarr", np.concatenate([s.images for s, _ in parts]), fingerprint=fp)
+    images = [s.images for s, _ in parts]
+    if not (len(images) == 1 and isinstance(images[0], Store) and images[0].path == root / "images.zarr"):  # else streamed there
+        write_array(root / "images.zarr", np.concatenate(images), fingerprint=fp)
     write_array(root / "attributes.zarr", attributes, fingerprint=fp)
     write_array(root / "split.zarr", np.concatenate([s.split for s, _ in parts]).astype(np.int8), fingerprint=fp)
     write_array(root / "source.zarr", np.concatenate([np.full(len(s.images), i, np.int8) for i, (s, _) in enumerate(parts)]), fingerprint=fp)

@@ -41,6 +41,7 @@ from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
 from pipeline.settings import Float, NonNegativeFloat, NonNegativeInt, settings
+from pipeline.store import Store, StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -167,22 +168,28 @@ def render_kind(kind: str, spec: SceneKind, data: ScenesSettings, seed: int) -> 
     return scenes, pairs
 
 
-def decode(paths: list, size: int, data: FileSettings, desc: str) -> tuple[np.ndarray, list[dict]]:
-    """Decode image files to uint8 (m, size, size, 3) in DataLoader workers; returns the images of the
-    decodable files (in order) and the bad ones as {index, path, reason}."""
-    out = np.zeros((len(paths), size, size, 3), dtype=np.uint8)
+def decode(paths: list, size: int, data: FileSettings, desc: str, out: StoreWriter | None = None) -> tuple[np.ndarray | Store, list[dict]]:
+    """Decode image files to uint8 (m, size, size, 3) in DataLoader workers; returns the images of the decodable
+    files (in order) and the bad ones as {index, path, reason}. With `out` (a StoreWriter of rows (size, size, 3)) the
+    images are appended to it batch by batch as they arrive, in row order, and the finished store is returned:
+    memory is then a few batches whatever the number of images (ImageNet's 1.28 M at 224 px would be 193 GB)."""
+    pixels = np.zeros((0 if out is not None else len(paths), size, size, 3), dtype=np.uint8)
     ok = np.zeros(len(paths), dtype=bool)
     bad: list[dict] = []
     batches = iter_image_batches(paths, SquareUint8(size), batch_size=64, num_workers=data.workers, on_bad_image=data.on_bad_image, draft=size)
     for batch in tqdm(batches, total=-(-len(paths) // 64), desc=desc, unit="batch"):
-        out[batch.indices] = batch.pixels.numpy()
+        if out is not None:
+            out.append(batch.pixels.numpy().reshape(-1, size, size, 3))
+        else:
+            pixels[batch.indices] = batch.pixels.numpy()
         ok[batch.indices] = True
         bad += [{"index": b.index, "path": b.path, "reason": b.reason} for b in batch.bad]
-    return out[ok], bad
+    return (out.finalize() if out is not None else pixels[ok]), bad
 
 
-def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
-    """A real dataset as (SceneSet-like part, PairSet-like pairs, bad images)."""
+def load_files(data: FileSettings, seed: int, images_out: Path | None = None, fingerprint: dict[str, Any] | None = None) -> tuple[Any, Any, list[dict]]:
+    """A real dataset as (SceneSet-like part, PairSet-like pairs, bad images). images_out: where to stream the
+    decoded images (a row store, fingerprinted with `fingerprint`); the part's `images` is then that store."""
     check = data.on_bad_image == "fail"  # open every image header up front only when a bad one must stop the stage
     if data.source == "folders":
         table, pair_table = load_folders(data.root, split=tuple(data.split), seed=seed, check=check), None
@@ -195,7 +202,8 @@ def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
         # the benchmark's base images are split by `split` like any source, so models can train on them (the loader
         # marks them all test: the pairs are the evaluation set, and every pair is scored whatever its base's split)
         table.split = assign_split(np.zeros(len(table.paths), dtype=np.int64), tuple(data.split), seed)
-    images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images")
+    writer = None if images_out is None else StoreWriter(images_out, (data.image_size, data.image_size, 3), np.uint8, fingerprint=fingerprint or {})
+    images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images", writer)
     keep = np.ones(len(table.paths), dtype=bool)
     keep[[b["index"] for b in bad]] = False
     part = SimpleNamespace(kind=table.kind, images=images, attributes=table.attributes[keep], attribute_names=table.attribute_names,
@@ -224,12 +232,13 @@ def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
     return part, pairs, bad + [{**b, "what": "pair before"} for b in bad_before] + [{**b, "what": "pair after"} for b in bad_after]
 
 
-def read_source(data: ScenesSettings | FileSettings, seed: int) -> Source:
-    """Render the scene world, or load a real dataset, into a `Source`."""
+def read_source(data: ScenesSettings | FileSettings, seed: int, images_out: Path | None = None, fingerprint: dict[str, Any] | None = None) -> Source:
+    """Render the scene world, or load a real dataset, into a `Source`. images_out: a real dataset's images are
+    streamed into this row store as they are decoded (`decode`) instead of being held in memory."""
     if isinstance(data, ScenesSettings):
         parts = [render_kind(kind, spec, data, seed) for kind, spec in data.kinds.items()]
         prompts = zero_shot_prompts("objects") if "objects" in data.kinds else {}
         return Source(parts, vocabulary(), prompts, attribute_phrases)
-    part, pairs, bad = load_files(data, seed)
+    part, pairs, bad = load_files(data, seed, images_out, fingerprint)
     prompts = {f: [f"a photo of {part.attribute_names[c]}" for c in cols] for f, cols in part.families.items()}
     return Source([(part, pairs)], list(dict.fromkeys([*part.attribute_names, *DISTRACTORS])), prompts, name_phrases, bad)
