@@ -128,6 +128,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top: expected an int >= 1, got {args.top}")
     data = open_dataset(layout.data)
+    if not data.has_images:
+        raise ValueError(f"{layout.data}: the dataset has no images (its source wrote the embeddings; no encoder to embed {args.image})")
     image = load_image(args.image, int(data.meta["image_size"]))  # an unreadable file fails here, before any model loads
     model_dir = layout.model(run)
     if not (model_dir / "config.json").is_file():

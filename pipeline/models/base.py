@@ -63,6 +63,7 @@ def array_io(method: F) -> F:
 def tensor_csr(codes: Tensor) -> sparse.csr_array:
     """A dense (b, L) tensor of codes on any device as a float32 CSR array on the CPU: the non-zeros are found on
     the device (`torch.nonzero` is row-major, so column indices come out ascending) and only they cross to the host."""
+    codes = codes.detach()
     b, n_cols = codes.shape
     where = torch.nonzero(codes)
     values = codes[where[:, 0], where[:, 1]].float().cpu().numpy()
