@@ -196,3 +196,20 @@ def test_binarise_uses_the_published_threshold_and_refuses_nan():
     codes[1, 2] = np.nan
     with pytest.raises(ValueError, match="non-finite value nan at row 1, latent 2"):
         binarise(codes)
+
+
+def test_shared_first_step_counts_give_the_same_matchings() -> None:
+    from pipeline.metrics.matching import tp_counts
+
+    rng = np.random.default_rng(11)
+    active = rng.random((200, 30)) < 0.15
+    labels = rng.random((200, 5)) < 0.3
+    labels[:, 4] = False  # an undefined attribute
+    tp = tp_counts(active, labels)
+    for beta, k in [(0.5, 3), (1.0, 5), (0.25, 2)]:
+        a, b = fbmp(active, labels, beta, k, tp=tp), fbmp(active, labels, beta, k)
+        assert [c.tolist() for c in a.coalitions] == [c.tolist() for c in b.coalitions]
+        np.testing.assert_array_equal(a.f1, b.f1)
+    np.testing.assert_array_equal(one_to_one(active, labels, tp=tp).f1, one_to_one(active, labels).f1)
+    with pytest.raises(ValueError, match="tp: expected counts of shape"):
+        fbmp(active, labels, tp=tp[:, :2])

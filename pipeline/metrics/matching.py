@@ -175,13 +175,29 @@ def _f1_from_counts(tp: np.ndarray, n_true: np.ndarray, n_pred: np.ndarray) -> n
     return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
 
 
-def one_to_one(active: Active, labels: np.ndarray) -> Matching:
+def tp_counts(active: Active, labels: np.ndarray) -> np.ndarray:
+    """(L, A) int64: rows where latent l is active and attribute a is true. The product `one_to_one` and the first
+    step of every `fbmp` compute; pass it to them (`tp=`) to compute it once for several matching rules."""
+    active, _ = _check_inputs(active, labels)
+    return _tp_counts(active, labels)
+
+
+def _given_tp(tp: np.ndarray | None, active: sparse.csr_array, labels: np.ndarray) -> np.ndarray:
+    if tp is None:
+        return _tp_counts(active, labels)
+    if tp.shape != (active.shape[1], labels.shape[1]):
+        raise ValueError(f"tp: expected counts of shape {(active.shape[1], labels.shape[1])} (latents, attributes), got {tp.shape}")
+    return tp
+
+
+def one_to_one(active: Active, labels: np.ndarray, tp: np.ndarray | None = None) -> Matching:
     """For each attribute, the single latent with the highest F1 (ties: lowest index).
 
     active: (n, L) bool latent activations, dense or scipy.sparse; labels: (n, A) bool attribute labels.
+    tp: `tp_counts(active, labels)` when already computed.
     """
     active, defined = _check_inputs(active, labels)
-    tp = _tp_counts(active, labels)
+    tp = _given_tp(tp, active, labels)
     f1 = _f1_from_counts(tp, labels.sum(axis=0)[None, :], column_counts(active)[:, None])
     best = np.argmax(f1, axis=0)
     best_f1 = np.where(defined, f1[best, np.arange(labels.shape[1])], np.nan)
@@ -192,12 +208,13 @@ def one_to_one(active: Active, labels: np.ndarray) -> Matching:
     )
 
 
-def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3) -> Matching:
+def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: np.ndarray | None = None) -> Matching:
     """Fully-Binary Matching Pursuit (SPEC.md B), all attributes at once.
 
     active: (n, L) bool latent activations, dense or scipy.sparse; labels: (n, A) bool attribute labels.
     beta: F_beta weight for choosing latents against the residual (0.5 recommended).
-    k: maximum coalition size, 1 <= k <= L.
+    k: maximum coalition size, 1 <= k <= L. tp: `tp_counts(active, labels)` when already computed (the first step's
+    counts, the same for every beta).
 
     Per attribute: residual r = y; at each step pick the latent with the highest F_beta against r
     (ties: lowest index), drop its activations from r, and keep it only if F1(y, OR of the
@@ -229,10 +246,11 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3) -> M
     truth = sparse.csc_array(labels[:, running])
     residual = truth.copy()
     yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
+    first = _given_tp(tp, active, labels)[:, running] if tp is not None else None
     for step in range(k):
         if running.size == 0:
             break
-        tp = _tp_counts(active, residual).astype(np.float64)
+        tp = (first if step == 0 and first is not None else _tp_counts(active, residual)).astype(np.float64)
         den = beta2 * _column_sizes(residual)[None, :] + n_active[:, None]
         score = np.divide(tp, den, out=np.zeros_like(tp), where=den > 0)
         best = np.argmax(score, axis=0)

@@ -46,7 +46,7 @@ from scipy import sparse
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
-from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one
+from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
 from pipeline.metrics.probe import fit_probe, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
@@ -175,17 +175,18 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching. The held-out
     scores stream over the test rows in blocks, summing each coalition's counts (`coalition_counts`)."""
     active = binarise(codes.match.codes(data.match_rows), settings.active_threshold)
+    tp = tp_counts(active, data.y_match)  # every rule's first step: computed once
     scores: dict[str, Any] = {}
     coalitions: dict[tuple[str, int], list[np.ndarray]] = {}
     tapas_matching = None
     for beta in settings.betas:
         rule = f"fbmp_b{beta:g}"
-        m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks))
+        m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks), tp=tp)
         scores[rule] = {"match": prefix_scores(active, data.y_match, m, settings.match_ks)}
         coalitions.update({(rule, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
-    o = one_to_one(active, data.y_match)
+    o = one_to_one(active, data.y_match, tp=tp)
     scores["one_to_one"] = {"match": float(o.score)}
     coalitions[("one_to_one", 0)] = o.coalitions
     counts = {key: np.zeros((3, data.y_match.shape[1]), np.int64) for key in coalitions}
@@ -198,7 +199,7 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
         scores[rule]["test"] = {k: nan_mean(counts_f1(counts[(rule, k)], warn=False)) for k in settings.match_ks}
     scores["one_to_one"]["test"] = nan_mean(counts_f1(counts[("one_to_one", 0)]))
     if tapas_matching is None:
-        tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k)
+        tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k, tp=tp)
     return scores, tapas_matching
 
 
