@@ -31,7 +31,7 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.data.sources import DataSettings, FileSettings, ScenesSettings, split_counts
+from pipeline.data.sources import DataSettings, FileSettings, ScenesSettings, SyntheticSettings, split_counts
 from pipeline.encoders.embedded import EmbeddedSettings
 from pipeline.encoders.registry import PretrainedSettings, unavailable_offline
 from pipeline.explain.decoder import DecoderSettings
@@ -87,8 +87,9 @@ class Params(BaseModel):
 
     @property
     def d(self) -> int | None:
-        """The embedding dimension the models see, when params know it (embedded model, or `encoder.dim`)."""
-        return self.encoder.dim
+        """The embedding dimension the models see, when params know it (embedded model, `encoder.dim`, or the
+        synthetic source's `data.d`, whose embeddings need no encoder)."""
+        return self.data.d if isinstance(self.data, SyntheticSettings) else self.encoder.dim
 
     @model_validator(mode="before")
     @classmethod
@@ -203,7 +204,7 @@ def _check_options(method: str, options: Any, train: TrainSettings) -> list[str]
 
 
 #: (key, tag) pairs pydantic puts in error locations for tagged unions; dropped so messages name the user's keys.
-_UNION_TAGS = {("data", t) for t in ("scenes", "folders", "cub", "coco", "syn")} | {
+_UNION_TAGS = {("data", t) for t in ("scenes", "folders", "cub", "coco", "syn", "synthetic")} | {
     ("encoder", t) for t in ("embedded", "open_clip", "hf_clip", "dinov2", "blip")}
 
 

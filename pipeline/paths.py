@@ -34,6 +34,10 @@ class Layout:
     def bad_images(self) -> Path:  # images the data stage skipped, with the reason
         return self.data / "bad_images.json"
 
+    @property
+    def data_embeddings(self) -> Path:  # a source's own embeddings (synthetic source), linked into `embeddings` by extract
+        return self.data / "embeddings"
+
     # --- encoder stage ---------------------------------------------------------------------------
     @property
     def encoder(self) -> Path:  # the embedded model, or a pretrained encoder's spec.json
@@ -91,6 +95,9 @@ class Layout:
 
     def model_work(self, run: str) -> Path:  # epoch checkpoints of an unfinished training (resumed after a kill)
         return self.models / f"{run}.tmp"
+
+    def codes(self, run: str) -> Path:  # the run's sparse codes of the evaluation rows (`pipeline.scoring.codes`);
+        return self.models / f"{run}.codes"  # beside the model, outside its DVC-cached folder (large, and re-derivable)
 
     @property
     def evals(self) -> Path:

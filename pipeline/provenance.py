@@ -7,10 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def digest(obj: Any) -> str:
     """Short sha256 of a JSON-able object (sorted keys): a stable content id for params slices."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def rows_digest(rows: np.ndarray) -> str:
+    """Short sha256 of an int array of row indices (its int64 bytes): no Python list of a million ints on the way."""
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
 def file_digest(path: Path) -> str:

@@ -2,7 +2,7 @@
 
 The decoder (`pipeline.explain.decoder`) reads any embedding, so this works for every encoder, with or without a
 captioning model of its own. Rows: the dataset's training split of store/embeddings/images.zarr, with their
-captions. Output store/captions/ (model.safetensors, config.json, history.json), written to a sibling and renamed
+captions (at most `captions.max_pairs` of them: a seeded subsample, read by row). Output store/captions/ (model.safetensors, config.json, history.json), written to a sibling and renamed
 into place. Reads params: seed, captions.
 """
 
@@ -12,7 +12,7 @@ import logging
 import shutil
 
 from pipeline.config import Params, load_params
-from pipeline.data.dataset import open_dataset
+from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.explain.decoder import CaptionDecoder, save_decoder, train_decoder
 from pipeline.paths import Layout
 from pipeline.records import write_json
@@ -27,10 +27,10 @@ def run(params: Params, layout: Layout) -> CaptionDecoder:
     store = open_store(layout.image_embeddings)
     if len(store) != data.meta["n"]:
         raise ValueError(f"{store.path}: {len(store)} rows, but the dataset has {data.meta['n']}; rerun extract")
-    rows = data.rows("train")
+    rows = sample_rows(data.rows("train"), params.captions.max_pairs, params.seed)
     if len(rows) == 0:
         raise ValueError(f"{layout.data}: the training split is empty; the caption decoder needs (embedding, caption) pairs")
-    decoder, history = train_decoder(store.take(rows), [data.captions[i] for i in rows], params.captions, seed=params.seed)
+    decoder, history = train_decoder(store.take(rows), data.caption_rows(rows), params.captions, seed=params.seed)
     tmp = layout.captions.with_name(layout.captions.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

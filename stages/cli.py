@@ -1,4 +1,5 @@
-"""The `cedar` command: validate params, switch presets, run or serve the Prefect flow, show a cluster's job script, list runs,
+"""The `cedar` command: validate params, switch presets, build a smoke variant's inputs, run or serve the Prefect flow,
+show a cluster's job script, list runs,
 explain an image."""
 
 from __future__ import annotations
@@ -53,6 +54,29 @@ def cmd_preset(args: argparse.Namespace) -> int:
     target.write_text(text)
     print(f"{target}: now preset {args.name!r}")
     return 0
+
+
+#: the real-model presets with a smoke variant: their stand-in dataset (`pipeline.data.smoke`), its folder under the
+#: smoke directory, and the open_clip architecture whose random weights the variant loads (the paths its preset names)
+SMOKE = {"clip-imagenet": ("folders", "imagenet", "ViT-B-32"), "syncub": ("syncub", "syncub", "ViT-B-16"),
+         "syncoco": ("syncoco", "syncoco", "ViT-B-16")}
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """Write the offline inputs of preset NAME's smoke variant (64 images in its loader's layout and random weights of
+    its architecture, under smoke/ beside params.yaml; kept if already there), then that variant as params.yaml."""
+    from pipeline.data.smoke import WRITERS
+    from pipeline.encoders.openclip import save_random_weights
+
+    if args.name not in SMOKE:
+        raise ValueError(f"no smoke variant of {args.name!r}; available: {', '.join(SMOKE)}")
+    writer, folder, arch = SMOKE[args.name]
+    smoke = args.params.resolve().parent / "smoke"
+    if not (smoke / folder).exists():
+        WRITERS[writer](smoke / folder)
+    weights = save_random_weights(arch, smoke / f"{arch}-random.safetensors")
+    print(f"{smoke / folder}: 64 images in the {writer} layout; {weights}: random {arch} weights")
+    return cmd_preset(argparse.Namespace(name=f"{args.name}-smoke", params=args.params, force=args.force))
 
 
 def cmd_flow(args: argparse.Namespace) -> int:
@@ -187,6 +211,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top: expected an int >= 1, got {args.top}")
     data = open_dataset(layout.data)
+    if not data.has_images:
+        raise ValueError(f"{layout.data}: the dataset has no images (its source wrote the embeddings; no encoder to embed {args.image})")
     image = load_image(args.image, int(data.meta["image_size"]))  # an unreadable file fails here, before any model loads
     model_dir = layout.model(run)
     if not (model_dir / "config.json").is_file():
@@ -248,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--force", action="store_true", help="overwrite local edits")
     p.set_defaults(func=cmd_preset)
+    p = sub.add_parser("smoke", help="write a real-model preset's offline smoke inputs and its smoke variant as params.yaml")
+    p.add_argument("name", help="preset name: " + ", ".join(SMOKE))
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--force", action="store_true", help="overwrite local edits of params.yaml")
+    p.set_defaults(func=cmd_smoke)
     p = sub.add_parser("flow", help="run the stale DVC stages as a Prefect flow on a Dask cluster (cluster.yaml)")
     flow_arguments(p)
     p.add_argument("--dry", action="store_true", help="print the stages that would run, in order, and exit")

@@ -4,7 +4,9 @@
 with its loader (layout checked before any work) and its image files decoded in spawned DataLoader workers
 (`pipeline.data.sources`). Undecodable images are skipped and listed in store/data/bad_images.json
 (`on_bad_image: skip`) or stop the stage (`fail`). Splits too small for the evaluation stop the stage before
-anything is written (`pipeline.config.split_problems`).
+anything is kept (`pipeline.config.split_problems`). `synthetic` writes planted-concept embeddings, labels and pairs
+chunk by chunk, no images (`pipeline.data.synthetic`); the encoder stage then has nothing to do and extract links
+its embeddings into store/embeddings.
 Output: store/data/ (layout in `pipeline.data.dataset`), written to a sibling and renamed into place.
 Reads params: seed, data.
 """
@@ -17,8 +19,9 @@ import shutil
 import numpy as np
 
 from pipeline.config import Params, ParamsError, load_params, split_problems
-from pipeline.data.dataset import write_dataset
-from pipeline.data.sources import read_source
+from pipeline.data.dataset import IMAGES, write_dataset
+from pipeline.data.sources import SyntheticSettings, read_source
+from pipeline.data.synthetic import write_synthetic
 from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.store import replace_dir
@@ -29,18 +32,23 @@ DATA_CODE = ("pipeline/data", "pipeline/store.py", "stages/data.py")
 
 
 def run(params: Params, layout: Layout) -> None:
-    source = read_source(params.data, params.seed)
-    # the splits as read (a real dataset's undecodable images are dropped now): refused here, not stages later
-    problems = split_problems({part.kind: tuple(int(c) for c in np.bincount(part.split, minlength=3)) for part, _ in source.parts}, params)
-    if problems:
-        raise ParamsError("\n".join(f"{layout.params}: {line}" for line in problems))
     final = layout.data
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     provenance = {"producer": "stages.data", "code": code_digest(DATA_CODE), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
-    write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
-    write_json(tmp / layout.bad_images.name, source.bad_images)
+    if isinstance(params.data, SyntheticSettings):
+        write_synthetic(tmp, params.data, params.seed, provenance)
+        bad_images: list = []
+    else:
+        source = read_source(params.data, params.seed, images_out=tmp / IMAGES, fingerprint={"provenance": provenance})
+        # the splits as read (a real dataset's undecodable images are dropped now): refused here, not stages later
+        problems = split_problems({part.kind: tuple(int(c) for c in np.bincount(part.split, minlength=3)) for part, _ in source.parts}, params)
+        if problems:
+            raise ParamsError("\n".join(f"{layout.params}: {line}" for line in problems))
+        write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
+        bad_images = source.bad_images
+    write_json(tmp / layout.bad_images.name, bad_images)
     replace_dir(tmp, final)
 
 

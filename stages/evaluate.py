@@ -2,7 +2,10 @@
 
 The work is `pipeline.scoring.cell.evaluate_cell` (the trained run against its untrained twin and random codes:
 reconstruction, the FVU-vs-K curve, concept metrics, explanations). Outputs store/eval/<run>/metrics.json (DVC
-metrics), fvu_curve.json (DVC plots) and explain.json, written to a sibling folder and renamed into place.
+metrics), fvu_curve.json (DVC plots) and explain.json, written to a sibling folder and renamed into place; the sparse
+codes of the evaluation rows go to store/models/<run>.codes/ (reused by a later evaluation of the same model).
+Memory is bounded by the batch and subset sizes of `evaluate` and `explain`, not by the number of embeddings
+(docs/architecture.md, "Memory at scale").
 Reads params: seed, train (the twin's init sample), methods.<method>, evaluate, explain.
 """
 
@@ -46,15 +49,15 @@ def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
     inputs = CellInputs(  # everything is opened before the long work: a missing input fails fast
         data=open_dataset(layout.data),
         embeddings=open_store(layout.image_embeddings),
-        pairs_before=open_store(layout.pair_embeddings("before")).read(),
-        pairs_after=open_store(layout.pair_embeddings("after")).read(),
+        pairs_before=open_store(layout.pair_embeddings("before")),
+        pairs_after=open_store(layout.pair_embeddings("after")),
         decoder=load_decoder(layout.captions),
         concepts=read_concepts(layout),
     )
     history = json.loads(layout.model_history(cell.name).read_text())
     twin = untrained_twin(cell, model.d, params.method_options(cell.method), inputs.embeddings, inputs.data.rows("train"),
                           params.train_settings(cell.method).init_samples, params.seed)
-    result = evaluate_cell(cell, model, twin, inputs, params.evaluate, params.explain, params.seed, history.get("best_epoch"))
+    result = evaluate_cell(cell, model, twin, inputs, params.evaluate, params.explain, params.seed, layout.codes(cell.name), history.get("best_epoch"))
     out = layout.evaluation(cell.name)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -64,7 +67,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
     write_json(tmp / layout.run_explanations(cell.name).name, result.explanations)
     replace_dir(tmp, out)
     metrics, trained = result.metrics, result.metrics["trained"]
-    log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f)", cell.name, trained["fvu"], trained["l0"], metrics["untrained"]["fvu"])
+    log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f) on %s", cell.name, trained["fvu"], trained["l0"], metrics["untrained"]["fvu"], metrics["device"])
     for kind, c in metrics["concepts"].items():
         log.info("%s %s: MATCHScore %.3f (delta %.3f), TAPAScore %s", cell.name, kind, c["trained"]["match_score"], c["delta_match_score"],
                  (c["trained"]["tapas"] or {}).get("score"))

@@ -7,6 +7,8 @@ store in batches (memory bounded by the batch size); pretrained encoders apply t
 preprocessing and run in bfloat16 autocast on a GPU.
 Work happens in store/embeddings.tmp/ (kept if the stage is killed): a rerun resumes every
 store from its last complete chunk, then the directory is renamed into place.
+A dataset that brings its own embeddings (the synthetic source: no images, store/data/embeddings/) is not
+encoded: its stores are hard-linked into store/embeddings (no copy; copied where links are impossible).
 Reads params: extract.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +64,38 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chu
     writer.finalize()
 
 
+def link_tree(src: Path, dst: Path) -> None:
+    """A copy of the folder `src` at `dst` whose files are hard links to the originals (a plain copy where the
+    filesystem refuses links)."""
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link)
+
+
+def link_own_embeddings(layout: Layout) -> None:
+    """store/embeddings from the dataset's own stores (store/data/embeddings), every one the later stages read."""
+    tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for path in (layout.image_embeddings, layout.pair_embeddings("before"), layout.pair_embeddings("after"), layout.concept_embeddings):
+        source = layout.data_embeddings / path.name
+        open_store(source)  # a clear error if the data stage left it missing or unfinished
+        link_tree(source, tmp / path.name)
+    replace_dir(tmp, layout.embeddings)
+    log.info("%s: linked the dataset's own embeddings from %s (no encoder)", layout.embeddings, layout.data_embeddings)
+
+
 def run(params: Params, layout: Layout) -> None:
     data = open_dataset(layout.data)
+    if data.has_embeddings:
+        link_own_embeddings(layout)
+        return
     encoder = open_encoder(layout.encoder)
     tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)

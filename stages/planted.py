@@ -2,7 +2,8 @@
 
 For each noise level and k: embeddings z = Q^T s + b + noise (k-sparse s); CEDAR and the rotation baselines are
 fitted with the pipeline's training path and scored by axis recovery and held-out FVU against the oracle
-(`pipeline.scoring.planted`). Output: store/metrics/planted.json. Reads params: seed, planted, train, methods.
+(`pipeline.scoring.planted`). Output: store/metrics/planted.json (one row per method and cell, each naming the device
+it was trained on). Reads params: seed, planted, train, methods.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from pipeline.config import Params, load_params
 from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.scoring.planted import benchmark
+from pipeline.training.device import device_name
 from stages._cli import exit_with, parser, run_main
 
 
 def run(params: Params, layout: Layout) -> list[dict[str, Any]]:
     options = {m: params.method_options(m) for m in params.planted.methods}
-    rows = benchmark(params.planted, params.train_settings("cedar"), options, params.seed)
+    train = params.train_settings("cedar")
+    device = device_name(train.device)
+    rows = [{**row, "device": device} for row in benchmark(params.planted, train, options, params.seed)]
     write_json(layout.planted_metrics, rows)
     return rows
 

@@ -32,9 +32,11 @@ def family_values(data: Dataset) -> dict[str, list[str]]:
 
 
 def example_pairs(data: Dataset, per_kind: int = 6) -> list[dict]:
-    """The first pairs of each kind with their edit in words and both images as data URIs."""
+    """The first pairs of each kind with their edit in words and both images as data URIs (none without images)."""
     pairs, names = data.pairs, data.attribute_names
-    examples = []
+    examples: list[dict] = []
+    if not data.has_images:
+        return examples
     for kind in data.kinds:
         for i in pairs.of_kind(kind)[:per_kind]:
             removed, added = int(pairs.removed[i]), int(pairs.added[i])
@@ -51,8 +53,11 @@ THUMBNAIL_COLOURS = 64
 
 
 def thumbnails(data: Dataset, rows: list[int], pairs: list[int]) -> dict[str, str]:
-    """Data URIs of dataset rows ("r<row>") and of both images of pairs ("p<i>b", "p<i>a"), THUMBNAIL_PX wide."""
+    """Data URIs of dataset rows ("r<row>") and of both images of pairs ("p<i>b", "p<i>a"), THUMBNAIL_PX wide (none
+    for a dataset without images: the report then shows row numbers only)."""
     images: dict[str, str] = {}
+    if not data.has_images:
+        return images
     if rows:
         for row, image in zip(rows, data.images.take(np.asarray(rows, dtype=np.int64))):
             images[f"r{row}"] = png_data_uri(image, THUMBNAIL_PX, THUMBNAIL_COLOURS)

@@ -1,7 +1,7 @@
 """Training of one grid cell (method x dictionary size x k) on the image embeddings (run by `stages.cell`).
 
 Streams shuffled batches of the training split from store/embeddings/images.zarr (a shuffle buffer over chunks,
-never the whole store), validates on the validation split, checkpoints every epoch in store/models/<run>.tmp/ so
+never the whole store), validates on the validation split (at most `train.val_samples` rows of it), checkpoints every epoch in store/models/<run>.tmp/ so
 a killed run resumes, and writes the final checkpoint (safetensors + config.json + history.json) to
 store/models/<run>/ (`pipeline.training.sparse.train_sparse`).
 
@@ -32,7 +32,7 @@ from pipeline.grid import Cell
 from pipeline.models import build
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
 from pipeline.paths import Layout
-from pipeline.provenance import digest
+from pipeline.provenance import digest, rows_digest
 from pipeline.records import write_json
 from pipeline.store import open_store, replace_dir
 from pipeline.training.resume import load_resume, save_resume
@@ -52,7 +52,7 @@ def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_r
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
         "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
-        "embeddings": embeddings, "rows": [digest(train_rows.tolist()), digest(val_rows.tolist())], "code": code_digest(TRAINING_CODE),
+        "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)], "code": code_digest(TRAINING_CODE),
     })
 
 
@@ -83,7 +83,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> Path:
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
     embeddings = open_store(layout.image_embeddings)
-    train_rows, val_rows = data.rows("train"), data.rows("val")
+    train_rows, val_rows = data.rows("train"), sample_rows(data.rows("val"), settings.val_samples, params.seed)
     if len(embeddings) != len(data.split):
         raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
     out = layout.model(cell.name)

@@ -75,6 +75,12 @@ def test_cli_explain_unreadable_image_is_one_line(project: Path, capsys: pytest.
     assert code == 2 and err == f"error: {project / 'missing.png'}: unreadable image (file not found)"
 
 
+def test_cli_explain_on_a_dataset_without_images_says_why(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "store" / "data" / "meta.json").write_text(json.dumps({"image_size": None, "images": False, "kinds": {}}))
+    code, err = run_cli(project, capsys, str(project / "x.png"), "--run", "cedar-4")
+    assert code == 2 and err.startswith("error: ") and "the dataset has no images" in err and "\n" not in err
+
+
 def test_cli_explain_without_evaluated_runs_says_what_to_do(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(project, capsys, str(project / "x.png"))
     assert code == 2 and "no evaluated run under store/eval" in err

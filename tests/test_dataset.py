@@ -78,3 +78,22 @@ def test_edit_text_names_the_edit():
     assert edit_text(names, 2, -1) == "tree removed"
     with pytest.raises(ValueError, match="removed/added"):
         edit_text(names, 3, -1)
+
+
+def test_labels_and_captions_are_read_by_row(dataset):
+    data, ((objects, _), (multi, _)) = dataset
+    rows = np.array([45, 3, 59])
+    np.testing.assert_array_equal(data.labels(rows), data.attributes[rows])
+    assert data.caption_rows(rows) == [data.captions[i] for i in rows] == [multi.captions[5], objects.captions[3], multi.captions[19]]
+    assert "captions" not in data.meta, "captions live in a row store, not in meta.json"
+    assert data.has_images and not data.has_embeddings and data.n == 60
+
+
+def test_texts_round_trip_through_a_byte_row_store():
+    from pipeline.data.dataset import decode_texts, encode_texts
+
+    texts = ["a red thing", "", "ein grüner Vogel — 鳥", "x"]
+    rows = encode_texts(texts)
+    assert rows.dtype == np.uint8 and rows.shape == (4, len("ein grüner Vogel — 鳥".encode()))
+    assert decode_texts(rows) == texts
+    assert decode_texts(encode_texts([])) == []

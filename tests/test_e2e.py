@@ -56,13 +56,13 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     assert ran == expected
     after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
-    assert touched == {("models", "topk-64-4"), ("eval", "topk-64-4")}
+    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4")}
 
 
 def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repro):
     dvc(repro, "repro")  # up to date whatever the tests before changed
     cells = sorted(f"{'rotation' if run.startswith('cedar') else 'sae'}@{run}" for run in os.listdir(repro / "store" / "models")
-                   if not run.endswith((".tmp", ".final", ".old")))
+                   if not run.endswith((".tmp", ".final", ".old", ".codes")))
     params = yaml.safe_load((repro / "params.yaml").read_text())
     params["evaluate"]["ks"] = [1, 2, 3, 4, 8, 16]
     (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -73,6 +73,7 @@ def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repr
     assert ran == sorted([*cells, "report"])
     assert {p: p.stat().st_mtime_ns for p in (repro / "store" / "models").rglob("*") if p.is_file()} == models, "no model was retrained"
     assert result.stderr.count("reusing") == len(cells)
+    assert result.stderr.count("codes unchanged, reused") == 8 * len(cells), "nor re-encoded: 4 code sets x 2 models per cell"
     curve = json.loads((repro / "store" / "eval" / "cedar-4" / "fvu_curve.json").read_text())
     assert 3 in {p["k"] for p in curve}, "the evaluation used the new params"
     params["train"]["epochs"] += 1  # a training input: that cell retrains

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import sparse
 from sklearn.metrics import f1_score, fbeta_score
 
 from pipeline.metrics import matching
@@ -120,13 +121,13 @@ def test_fbmp_at_least_one_to_one_on_random_data() -> None:
         np.testing.assert_array_equal(first.f1, o2o.f1)
 
 
-def test_block_counts_equal_one_product(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sparse_counts_equal_the_dense_product() -> None:
     rng = np.random.default_rng(6)
     active = rng.random((101, 9)) < 0.3
     labels = rng.random((101, 4)) < 0.3
     expected = active.astype(np.int64).T @ labels.astype(np.int64)
-    monkeypatch.setattr(matching, "_BLOCK_ELEMENTS", 20)  # blocks of 2 rows
-    np.testing.assert_array_equal(matching._tp_counts(active, labels), expected)
+    np.testing.assert_array_equal(matching._tp_counts(matching._check_active(active), labels), expected)
+    np.testing.assert_array_equal(matching._tp_counts(matching._check_active(sparse.csc_matrix(active)), labels), expected)
 
 
 def test_matching_result_types() -> None:
@@ -195,3 +196,20 @@ def test_binarise_uses_the_published_threshold_and_refuses_nan():
     codes[1, 2] = np.nan
     with pytest.raises(ValueError, match="non-finite value nan at row 1, latent 2"):
         binarise(codes)
+
+
+def test_shared_first_step_counts_give_the_same_matchings() -> None:
+    from pipeline.metrics.matching import tp_counts
+
+    rng = np.random.default_rng(11)
+    active = rng.random((200, 30)) < 0.15
+    labels = rng.random((200, 5)) < 0.3
+    labels[:, 4] = False  # an undefined attribute
+    tp = tp_counts(active, labels)
+    for beta, k in [(0.5, 3), (1.0, 5), (0.25, 2)]:
+        a, b = fbmp(active, labels, beta, k, tp=tp), fbmp(active, labels, beta, k)
+        assert [c.tolist() for c in a.coalitions] == [c.tolist() for c in b.coalitions]
+        np.testing.assert_array_equal(a.f1, b.f1)
+    np.testing.assert_array_equal(one_to_one(active, labels, tp=tp).f1, one_to_one(active, labels).f1)
+    with pytest.raises(ValueError, match="tp: expected counts of shape"):
+        fbmp(active, labels, tp=tp[:, :2])

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from pipeline.metrics.matching import fbmp
+from pipeline.metrics.matching import binarise, coalition_f1, fbmp, nan_mean
 from pipeline.models import build
-from pipeline.scoring.concepts import ConceptData, EvaluateSettings, concept_metrics, prefix_scores, random_codes
+from pipeline.scoring.codes import ArrayCodes, bernoulli_csr
+from pipeline.scoring.concepts import (
+    ConceptData,
+    EvaluateSettings,
+    ProbeStream,
+    VariantCodes,
+    concept_metrics,
+    fit_family_probes,
+    matching_scores,
+    prefix_scores,
+    random_variant,
+)
 
 
 def test_prefix_scores_equal_fbmp_with_smaller_k():
@@ -21,42 +34,102 @@ def test_prefix_scores_equal_fbmp_with_smaller_k():
         assert scores[k] == pytest.approx(fbmp(active, labels, beta=0.5, k=k).score)
 
 
-def test_random_codes_follow_the_given_frequencies():
-    data = toy_data(n=4000)
-    codes = random_codes(np.array([0.0, 0.5, 1.0]), data, seed=0)
-    freq = (codes.match > 0).mean(axis=0)
-    assert freq[0] == 0 and freq[2] == 1 and abs(freq[1] - 0.5) < 0.03
-    assert codes.reconstruction_test is None
+def test_random_codes_follow_the_given_frequencies_and_do_not_depend_on_what_else_is_read():
+    frequency = np.array([0.0, 0.5, 1.0, 0.01])
+    codes = random_variant(frequency, seed=0).match.codes(np.arange(20_000))
+    observed = np.bincount(codes.indices, minlength=4) / codes.shape[0]
+    assert observed[0] == 0 and observed[2] == 1 and abs(observed[1] - 0.5) < 0.02 and abs(observed[3] - 0.01) < 0.003
+    some = random_variant(frequency, seed=0).match.codes(np.array([19_999, 7, 4096]))
+    np.testing.assert_array_equal(some.toarray(), codes[[19_999, 7, 4096]].toarray())
+    other_stream = random_variant(frequency, seed=0).test.codes(np.arange(20_000))
+    assert (other_stream != codes).nnz > 0, "each row set draws its own stream"
 
 
-def toy_data(n: int = 600, seed: int = 0) -> ConceptData:
-    """Embeddings whose coordinates are the attributes themselves (plus noise): identity-aligned concepts."""
+def test_bernoulli_sampler_is_exact_in_distribution():
+    """Per-entry independence: the number of active latents per row of 16 latents at p = 0.25 is Binomial(16, 1/4)."""
+    counts = np.diff(bernoulli_csr(np.random.default_rng(1), 40_000, np.full(16, 0.25)).indptr)
+    observed = np.bincount(counts, minlength=17)[:17] / len(counts)
+    from scipy.stats import binom
+    np.testing.assert_allclose(observed, binom.pmf(np.arange(17), 16, 0.25), atol=0.006)
+
+
+def toy(n: int = 600, seed: int = 0) -> tuple[ConceptData, np.ndarray, np.ndarray]:
+    """Embeddings whose coordinates are the attributes themselves (plus noise): identity-aligned concepts. Rows
+    0..n/2 are the matching rows, the rest the test rows; 40 pairs move one coordinate to the next."""
     rng = np.random.default_rng(seed)
     family = rng.integers(0, 4, size=n)
     y = np.eye(4, dtype=bool)[family]
     x = (y * 2.0 + 0.05 * rng.normal(size=(n, 4))).astype(np.float32)
     before = np.eye(4, dtype=np.float32)[np.arange(40) % 4] * 2
     after = np.eye(4, dtype=np.float32)[(np.arange(40) + 1) % 4] * 2
-    return ConceptData(
-        x_match=x[: n // 2], y_match=y[: n // 2], x_test=x[n // 2 :], y_test=y[n // 2 :], families={"f": [0, 1, 2, 3]},
-        pairs_before=before, pairs_after=after, pairs_present=before > 0,
+    rows = np.arange(n)
+    data = ConceptData(
+        match_rows=rows[: n // 2], test_rows=rows[n // 2 :], pool_rows=rows[n // 2 :], labels=lambda r: y[r], embeddings=lambda r: x[r],
+        families={"f": [0, 1, 2, 3]}, pair_ids=np.arange(40), pairs_present=before > 0,
         pairs_added=(np.arange(40) + 1) % 4, pairs_removed=np.arange(40) % 4,
     )
+    return data, x, np.stack([before, after])
+
+
+def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes: dict) -> VariantCodes:
+    """The codes of `model` held in memory, and its probe scores streamed over the test rows in 3 blocks."""
+    every = ArrayCodes(np.arange(len(x)), model.sparse_latents(x))
+    stream = ProbeStream(probes, data)
+    for block in np.array_split(data.test_rows, 3):
+        stream.add(block, x[block], model(torch.as_tensor(x[block])).detach().numpy())
+    pair_ids = np.arange(len(pairs[0]))
+    return VariantCodes(every, every, ArrayCodes(pair_ids, model.sparse_latents(pairs[0])), ArrayCodes(pair_ids, model.sparse_latents(pairs[1])),
+                        stream.result())
 
 
 def test_aligned_axes_match_perfectly_and_respond_to_edits():
-    data = toy_data()
+    data, x, pairs = toy()
     model = build("identity", 4, 4, 1)
-    model.fit_init(torch.as_tensor(data.x_match))
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
     twin = build("random_rotation", 4, 4, 1, seed=3)
-    twin.fit_init(torch.as_tensor(data.x_match))
-    result = concept_metrics(model, twin, data, EvaluateSettings(cknna_max_n=200, fms_max_n=200), seed=0)
+    twin.fit_init(torch.as_tensor(x[data.match_rows]))
+    probes = fit_family_probes(data, seed=0)
+    settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
+    result = concept_metrics(variant(model, data, x, pairs, probes), variant(twin, data, x, pairs, probes), data, settings, seed=0)
     trained = result["trained"]
     # each attribute is exactly "coordinate a is the largest": its +a half-axis fires iff the attribute holds
     assert trained["match_score"] == pytest.approx(1.0)
+    assert trained["matching"]["fbmp_b0.5"]["test"][3] == pytest.approx(1.0)
     assert trained["tapas"]["score"] == pytest.approx(2.0)
     assert np.isnan(trained["delta_stay"]), "one family: no attribute stays present outside the edit"
     assert result["random"]["tapas"]["score"] < 0.5
     assert result["delta_match_score"] == pytest.approx(1.0 - result["untrained"]["match_score"])
     assert trained["probe"]["kl"] >= 0 and result["random"]["probe"] is None
     assert set(trained["matching"]) == {"fbmp_b0.25", "fbmp_b0.5", "fbmp_b1", "one_to_one"}
+
+
+def test_held_out_scores_streamed_in_blocks_equal_one_pass():
+    data, x, pairs = toy(n=500, seed=2)
+    model = build("pca", 4, 4, 2)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    codes = variant(model, data, x, pairs, {})
+    settings = EvaluateSettings(batch_size=17)  # many blocks, the last one short
+    scores, _ = matching_scores(codes, data, settings)
+    active_match = binarise(codes.match.codes(data.match_rows))
+    active_test = binarise(codes.test.codes(data.test_rows))
+    y_test = data.labels(data.test_rows)
+    for beta in settings.betas:
+        m = fbmp(active_match, data.y_match, beta=beta, k=max(settings.match_ks))
+        for k in settings.match_ks:
+            assert scores[f"fbmp_b{beta:g}"]["test"][k] == nan_mean(coalition_f1(active_test, y_test, [c[:k] for c in m.coalitions]))
+    one = dataclasses.replace(settings, batch_size=10_000)
+    assert matching_scores(codes, data, one)[0] == scores
+
+
+def test_probe_stream_equals_the_probe_on_all_test_rows_at_once():
+    from pipeline.metrics.probe import probe_scores
+
+    data, x, pairs = toy(n=400, seed=3)
+    model = build("pca", 4, 4, 1)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    probes = fit_family_probes(data, seed=0)
+    streamed = variant(model, data, x, pairs, probes).probe
+    rows = data.test_rows
+    once = probe_scores(probes["f"], x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
+    for field in ProbeStream.FIELDS:
+        assert streamed[field] == pytest.approx(getattr(once, field), rel=1e-12, abs=1e-12)

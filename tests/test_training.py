@@ -210,14 +210,17 @@ def test_train_settings_refuse_bad_values_naming_the_field():
 
 
 def test_the_budget_rule_by_hand():
-    from pipeline.training.schedule import plan
+    from pipeline.training.schedule import Plan, plan
 
-    assert plan(20, 2000, "auto", 23) == (87, 0.01)  # 87 epochs = 2001 steps; 0.5 / sqrt(2001) = 0.0112 -> capped at 1e-2
-    assert plan(20, 2000, 5e-4, 23) == (87, 5e-4)  # an explicit rate is kept
-    epochs, lr = plan(50, 0, "auto", 5000)  # ImageNet-sized: the epochs decide, lr = 0.5 / sqrt(250,000) = 1e-3
-    assert epochs == 50 and lr == pytest.approx(1e-3)
-    assert plan(200, 0, "auto", 5000)[1] == pytest.approx(5e-4)  # a million steps: the published SAE rate
-    assert plan(3, 0, "auto", 1) == (3, 0.01)
+    assert plan(20, 2000, None, "auto", 23) == Plan(87, 2001, 0.01)  # 87 epochs = 2001 steps; 0.5 / sqrt(2001) = 0.0112 -> 1e-2
+    assert plan(20, 2000, None, 5e-4, 23) == Plan(87, 2001, 5e-4)  # an explicit rate is kept
+    budget = plan(50, 0, None, "auto", 5000)  # ImageNet-sized: the epochs decide, lr = 0.5 / sqrt(250,000) = 1e-3
+    assert (budget.epochs, budget.steps) == (50, 250_000) and budget.lr == pytest.approx(1e-3)
+    assert plan(200, 0, None, "auto", 5000).lr == pytest.approx(5e-4)  # a million steps: the published SAE rate
+    assert plan(3, 0, None, "auto", 1) == Plan(3, 3, 0.01)
+    # a cap wins over min_steps: 100 steps of 23 a epoch = 5 epochs started, lr 0.5 / sqrt(100) = 0.05 -> 1e-2
+    assert plan(20, 2000, 100, "auto", 23) == Plan(5, 100, 0.01)
+    assert plan(1, 0, 10_000, "auto", 23) == Plan(1, 23, 0.01), "a cap above the budget changes nothing"
 
 
 def test_defaults_train_a_topk_sae_to_within_twice_the_oracle_on_planted_data():
@@ -235,3 +238,52 @@ def test_defaults_train_a_topk_sae_to_within_twice_the_oracle_on_planted_data():
     held = data.x[6400:]
     oracle = oracle_fvu(replace(data, x=held, s=data.s[6400:]), 4)
     assert fvu(held, model.decode(model.encode(held))) < 2 * oracle
+
+
+def test_a_step_budget_stops_mid_epoch_and_spans_the_schedule():
+    """max_steps = 20 with 8 batches per epoch over 40 epochs: 20 steps (2.5 epochs), the lr schedule ends at its
+    floor on the last step, and the history has the 3 epochs that ran."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 3)).astype(np.float32)
+    weight = np.ones((256, 1), dtype=np.float32)
+
+    def batches(epoch):
+        for start in range(0, 256, 32):
+            yield x[start:start + 32], weight[start:start + 32]
+
+    module = Quadratic()
+    result = fit(module, batches, 8, TrainSettings(epochs=40, min_steps=0, lr=0.1, min_lr_frac=0.0, max_steps=20), seed=0)
+    assert module.steps == 20 and len(result.history) == 3 and result.best_epoch == 3
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_bf16_is_ignored_on_the_cpu_and_by_modules_not_safe_in_it(caplog):
+    from pipeline.models import build
+    from pipeline.training.loop import use_bf16
+
+    settings = TrainSettings(precision="bf16")
+    with caplog.at_level("INFO"):
+        assert not use_bf16(Quadratic(), settings, torch.device("cpu"))
+    assert "precision bf16 ignored (not on a GPU)" in caplog.text
+    assert build("cedar", 4, 4, 2).autocast_safe is False and build("topk", 4, 8, 2).autocast_safe is True
+    assert not use_bf16(build("cedar", 4, 4, 2), settings, torch.device("cuda")), "a rotation stays in float32 even on a GPU"
+    assert not use_bf16(Quadratic(), TrainSettings(), torch.device("cuda"))
+    with pytest.raises(ValueError, match="precision"):
+        TrainSettings(precision="fp8")
+
+
+def test_prefetched_batches_arrive_in_order_on_the_device():
+    from pipeline.training.loop import prefetched
+
+    read = []
+
+    def source():
+        for i in range(4):
+            read.append(i)
+            yield np.full((2, 3), i, dtype=np.float64)
+
+    out = prefetched(source(), torch.device("cpu"))
+    first = next(out)
+    assert read == [0, 1], "the next batch is read (and sent) before the current one is used"
+    rest = list(out)
+    assert [int(b[0, 0]) for b in [first, *rest]] == [0, 1, 2, 3] and all(b.dtype == torch.float32 for b in rest)

@@ -5,20 +5,25 @@ their rows are stacked, their label columns side by side (an object attribute is
 a multi-object scene's row), and `source` says which kind each row is. Models train on all rows;
 concept metrics are computed per kind, on that kind's rows and columns only.
 
-Layout of a dataset directory (images as a uint8 zarr array, so extraction streams them in
-chunks; text as JSON, small):
+Layout of a dataset directory (everything per row is a zarr row store, so later stages read the rows they need
+and never a whole column of a million-image dataset; text that does not grow with the rows is JSON):
 
-    images.zarr              uint8 (n, H, W, 3)
-    attributes.zarr          bool  (n, A)    binary attribute / category labels
+    images.zarr              uint8 (n, H, W, 3)   (absent when the source has no images: `has_images`)
+    attributes.zarr          bool  (n, A)    binary attribute / category labels (`labels(rows)` reads rows)
     split.zarr               int8  (n,)      0 train, 1 validation, 2 test
     source.zarr              int8  (n,)      index into meta["kinds"]
+    captions.zarr            uint8 (n, W)    each row's caption, UTF-8, zero-padded (`caption_rows(rows)`)
     meta.json                kinds (name -> columns, families), attribute_names, phrases (per attribute, the
-                             phrases that state it in a caption), captions, vocabulary, prompts, provenance
-    pairs/before.zarr        uint8 (p, H, W, 3)   intervention pairs of every kind (may be empty: p = 0)
-    pairs/after.zarr         uint8 (p, H, W, 3)
+                             phrases that state it in a caption), vocabulary, prompts, provenance; `images`
+                             (false for a source without images), `embeddings` (true when the source wrote its
+                             own embeddings into embeddings/, the synthetic source)
+    pairs/before.zarr        uint8 (p, H, W, 3)   intervention pairs of every kind (may be empty: p = 0; absent
+    pairs/after.zarr         uint8 (p, H, W, 3)   without images)
     pairs/before_attributes.zarr, pairs/after_attributes.zarr   bool (p, A)
     pairs/meta.json          kind, base_index (row in this dataset), family, removed, added
                              (attribute columns of this dataset, -1 = none)
+    embeddings/              (synthetic source only) images.zarr, pairs_before.zarr, pairs_after.zarr, concepts.zarr:
+                             the stores the extract stage would write, which it links into store/embeddings
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ import numpy as np
 from pipeline.store import Store, open_store, write_array
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
+#: the images store inside a dataset directory (a real source streams its decoded images there)
+IMAGES = "images.zarr"
 
 
 @dataclass
 class Pairs:
     """Intervention pairs as stored: image stores plus per-pair metadata."""
 
-    before: Store
-    after: Store
+    before: Store | None  # None when the dataset has no images
+    after: Store | None
     before_attributes: np.ndarray  # bool (p, A)
     after_attributes: np.ndarray  # bool (p, A)
     base_index: np.ndarray  # int64 (p,) row of the base image in the dataset
@@ -93,8 +100,32 @@ class Dataset:
         return self.meta["phrases"]
 
     @property
+    def n(self) -> int:
+        """Rows (images) in the dataset."""
+        return int(self.meta["n"])
+
+    @property
+    def has_images(self) -> bool:
+        """Whether images.zarr exists (a synthetic source writes embeddings and labels only)."""
+        return bool(self.meta.get("images", True))
+
+    @property
+    def has_embeddings(self) -> bool:
+        """Whether the source wrote its own embeddings (embeddings/, the synthetic source) for extract to link."""
+        return bool(self.meta.get("embeddings", False))
+
+    @cached_property
     def captions(self) -> list[str]:
-        return self.meta["captions"]
+        """Every row's caption (all rows in memory: prefer `caption_rows` on large datasets)."""
+        return decode_texts(open_store(self.root / "captions.zarr").read())
+
+    def caption_rows(self, rows: np.ndarray) -> list[str]:
+        """The captions of dataset rows `rows` (int, any order), reading only those rows."""
+        return decode_texts(open_store(self.root / "captions.zarr").take(np.asarray(rows, dtype=np.int64)))
+
+    def labels(self, rows: np.ndarray) -> np.ndarray:
+        """bool (len(rows), A): the attribute labels of dataset rows `rows` (int, any order), reading only those rows."""
+        return open_store(self.root / "attributes.zarr").take(np.asarray(rows, dtype=np.int64)).astype(bool)
 
     @property
     def vocabulary(self) -> list[str]:
@@ -106,10 +137,11 @@ class Dataset:
 
     @cached_property
     def images(self) -> Store:
-        return open_store(self.root / "images.zarr")
+        return open_store(self.root / IMAGES)
 
     @cached_property
     def attributes(self) -> np.ndarray:
+        """Every row's labels bool (n, A) in memory (prefer `labels(rows)` on large datasets)."""
         return open_store(self.root / "attributes.zarr").read().astype(bool)
 
     @cached_property
@@ -131,8 +163,8 @@ class Dataset:
     def pairs(self) -> Pairs:
         meta = json.loads((self.root / "pairs" / "meta.json").read_text())
         return Pairs(
-            before=open_store(self.root / "pairs" / "before.zarr"),
-            after=open_store(self.root / "pairs" / "after.zarr"),
+            before=open_store(self.root / "pairs" / "before.zarr") if self.has_images else None,
+            after=open_store(self.root / "pairs" / "after.zarr") if self.has_images else None,
             before_attributes=open_store(self.root / "pairs" / "before_attributes.zarr").read().astype(bool),
             after_attributes=open_store(self.root / "pairs" / "after_attributes.zarr").read().astype(bool),
             base_index=np.asarray(meta["base_index"], dtype=np.int64),
@@ -141,6 +173,22 @@ class Dataset:
             added=np.asarray(meta["added"], dtype=np.int64),
             kind=list(meta["kind"]),
         )
+
+
+def encode_texts(texts: list[str]) -> np.ndarray:
+    """uint8 (n, W): each text's UTF-8 bytes, zero-padded to the longest (W >= 1), for a row store."""
+    raw = [t.encode("utf-8") for t in texts]
+    width = max([len(b) for b in raw] + [1])
+    out = np.zeros((len(raw), width), dtype=np.uint8)
+    for i, b in enumerate(raw):  # once per dataset, at write time
+        out[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+    return out
+
+
+def decode_texts(rows: np.ndarray) -> list[str]:
+    """The texts of `encode_texts` rows (uint8 (n, W)) back, trailing zero bytes dropped."""
+    width = rows.shape[1] if rows.ndim == 2 else 0
+    return [bytes(r).rstrip(b"\0").decode("utf-8") for r in np.asarray(rows, dtype=np.uint8).reshape(-1, width)]
 
 
 def sample_rows(rows: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -163,7 +211,8 @@ def open_dataset(root: str | Path) -> Dataset:
 def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str], prompts: dict[str, list[str]],
                   phrases: Callable[[list[str]], list[list[str]]], provenance: dict[str, Any]) -> None:
     """Write (SceneSet, PairSet) parts (pipeline.data.world.scenes, or a real dataset's tables), one per kind,
-    stacked into `root`.
+    stacked into `root`. A single part whose `images` is already the store root/images.zarr (a real source streams
+    its decoded images there, `pipeline.data.sources.decode`) keeps it.
 
     Row blocks follow `parts` order; label columns are the parts' columns side by side, so each
     part's attribute, family and pair indices are shifted by the columns before it. phrases: the source's rule
@@ -201,10 +250,13 @@ def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str
         pair_meta["removed"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.removed)]
         pair_meta["added"] += [int(x) + col if x >= 0 else -1 for x in np.asarray(pairs.added)]
         row, col, pair = row + n, col + a, pair + p
-    write_array(root / "images.zarr", np.concatenate([s.images for s, _ in parts]), fingerprint=fp)
+    images = [s.images for s, _ in parts]
+    if not (len(images) == 1 and isinstance(images[0], Store) and images[0].path == root / IMAGES):  # else streamed there
+        write_array(root / IMAGES, np.concatenate(images), fingerprint=fp)
     write_array(root / "attributes.zarr", attributes, fingerprint=fp)
     write_array(root / "split.zarr", np.concatenate([s.split for s, _ in parts]).astype(np.int8), fingerprint=fp)
     write_array(root / "source.zarr", np.concatenate([np.full(len(s.images), i, np.int8) for i, (s, _) in enumerate(parts)]), fingerprint=fp)
+    write_array(root / "captions.zarr", encode_texts([c for s, _ in parts for c in s.captions]), fingerprint=fp)
     (root / "pairs").mkdir(exist_ok=True)
     write_array(root / "pairs" / "before.zarr", np.concatenate([p.before for _, p in parts]), fingerprint=fp)
     write_array(root / "pairs" / "after.zarr", np.concatenate([p.after for _, p in parts]), fingerprint=fp)
@@ -218,7 +270,6 @@ def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str
         "image_size": int(parts[0][0].images.shape[1]),
         "attribute_names": names,
         "phrases": phrases(names),
-        "captions": [c for s, _ in parts for c in s.captions],
         "vocabulary": list(vocabulary),
         "prompts": prompts,
         "provenance": provenance,

@@ -8,7 +8,12 @@
   are skipped and listed (`on_bad_image: skip`, labels stay aligned because their rows are dropped) or stop the
   stage (`fail`).
 
-`read_source(settings, seed)` returns what `pipeline.data.dataset.write_dataset` stores.
+- `synthetic` (`SyntheticSettings`): planted sparse concepts written straight to embeddings (no images, no encoder;
+  `pipeline.data.synthetic`), so that the training and evaluation half of the pipeline runs, and is benchmarked,
+  at any size on any machine; it doubles as the planted-recovery benchmark at scale.
+
+`read_source(settings, seed)` returns what `pipeline.data.dataset.write_dataset` stores (images and labels in
+memory); the synthetic source is written chunk by chunk by `pipeline.data.synthetic.write_synthetic` instead.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from pipeline.data.table import IMAGE_EXTENSIONS, assign_split
 from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
-from pipeline.settings import Float, NonNegativeInt, settings
+from pipeline.settings import Float, NonNegativeFloat, NonNegativeInt, settings
+from pipeline.store import Store, StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,10 @@ class ScenesSettings:
 class FileSettings:
     """A real dataset on disk: `folders` (root/<class>/*.jpg), `cub` (CUB_200_2011 layout), `coco`
     (annotations/instances_<coco_split>.json + images), `syn` (a local synCUB/synCOCO copy, or its hub name
-    jokl/syncub | jokl/syncoco with a network). workers: DataLoader processes that decode the images."""
+    jokl/syncub | jokl/syncoco with a network). workers: DataLoader processes that decode the images.
+    split: train / validation / test fractions (folders and coco: stratified by class; syn: of the distinct base
+    images, so that models train on them; cub keeps its own train/test split and takes the validation fraction
+    from its training images)."""
 
     source: Literal["folders", "cub", "coco", "syn"]
     root: Annotated[str, Field(min_length=1)]
@@ -108,7 +117,37 @@ class FileSettings:
         return self
 
 
-DataSettings = Annotated[ScenesSettings | FileSettings, Field(discriminator="source")]
+@settings
+class SyntheticSettings:
+    """Planted sparse concepts, written straight to embeddings (`pipeline.data.synthetic` has the model).
+
+    n: rows (embeddings). d: their dimension. families x values: one-hot attribute families (families * values binary
+    concepts, each a random unit direction; CUB-like 28 x 11 by default); every row has one value of every family
+    active with a magnitude in [0.5, 1.5]. noise: standard deviation of the Gaussian noise per coordinate. offset:
+    norm of a constant vector added to every row (CLIP embeddings lie far from the origin). n_pairs: intervention
+    pairs, each a test row with one family's value swapped. The data stage draws and writes a block of rows at a time
+    (memory: one block, whatever n is).
+    """
+
+    source: Literal["synthetic"]
+    n: Annotated[int, Strict(), Field(ge=20)]
+    d: Annotated[int, Strict(), Field(ge=2)] = 768
+    families: Annotated[int, Strict(), Field(ge=1)] = 28
+    values: Annotated[int, Strict(), Field(ge=2)] = 11
+    noise: NonNegativeFloat = 0.05
+    offset: NonNegativeFloat = 1.0
+    n_pairs: NonNegativeInt = 1000
+    split: Split = (0.8, 0.1, 0.1)
+
+    @model_validator(mode="after")
+    def _pairs_fit_the_test_split(self) -> "SyntheticSettings":
+        n_test = int(self.n * self.split[2])
+        if self.n_pairs > n_test:
+            raise ValueError(f"n_pairs={self.n_pairs} > about {n_test} test rows (one pair per test row)")
+        return self
+
+
+DataSettings = Annotated[ScenesSettings | FileSettings | SyntheticSettings, Field(discriminator="source")]
 
 
 @dataclass
@@ -137,18 +176,23 @@ def render_kind(kind: str, spec: SceneKind, data: ScenesSettings, seed: int) -> 
     return scenes, pairs
 
 
-def decode(paths: list, size: int, data: FileSettings, desc: str) -> tuple[np.ndarray, list[dict]]:
-    """Decode image files to uint8 (m, size, size, 3) in DataLoader workers; returns the images of the
-    decodable files (in order) and the bad ones as {index, path, reason}."""
-    out = np.zeros((len(paths), size, size, 3), dtype=np.uint8)
+def decode(paths: list, size: int, data: FileSettings, desc: str, out: StoreWriter | None = None) -> tuple[np.ndarray | Store, list[dict]]:
+    """Decode image files to uint8 (m, size, size, 3) in DataLoader workers; returns the images of the decodable
+    files (in order) and the bad ones as {index, path, reason}. With `out` (a StoreWriter of rows (size, size, 3)) the
+    images are appended to it batch by batch as they arrive, in row order, and the finished store is returned:
+    memory is then a few batches whatever the number of images (ImageNet's 1.28 M at 224 px would be 193 GB)."""
+    pixels = np.zeros((0 if out is not None else len(paths), size, size, 3), dtype=np.uint8)
     ok = np.zeros(len(paths), dtype=bool)
     bad: list[dict] = []
     batches = iter_image_batches(paths, SquareUint8(size), batch_size=64, num_workers=data.workers, on_bad_image=data.on_bad_image, draft=size)
     for batch in tqdm(batches, total=-(-len(paths) // 64), desc=desc, unit="batch"):
-        out[batch.indices] = batch.pixels.numpy()
+        if out is not None:
+            out.append(batch.pixels.numpy().reshape(-1, size, size, 3))
+        else:
+            pixels[batch.indices] = batch.pixels.numpy()
         ok[batch.indices] = True
         bad += [{"index": b.index, "path": b.path, "reason": b.reason} for b in batch.bad]
-    return out[ok], bad
+    return (out.finalize() if out is not None else pixels[ok]), bad
 
 
 def read_table(data: FileSettings, seed: int, check: bool) -> tuple[Any, Any]:
@@ -160,7 +204,11 @@ def read_table(data: FileSettings, seed: int, check: bool) -> tuple[Any, Any]:
         return load_cub(data.root, val_fraction=data.split[1], seed=seed, check=check), None
     if data.source == "coco":
         return load_coco(data.root, split_name=data.coco_split, split=tuple(data.split), seed=seed, check=check), None
-    return load_syn(data.root, check=check)
+    table, pair_table = load_syn(data.root, check=check)
+    # the benchmark's base images are split by `split` like any source, so models can train on them (the loader marks
+    # them all test: the pairs are the evaluation set, and every pair is scored whatever its base's split)
+    table.split = assign_split(np.zeros(len(table.paths), dtype=np.int64), tuple(data.split), seed)
+    return table, pair_table
 
 
 def split_counts(data: ScenesSettings | FileSettings, seed: int) -> dict[str, tuple[int, int, int]]:
@@ -175,11 +223,13 @@ def split_counts(data: ScenesSettings | FileSettings, seed: int) -> dict[str, tu
     return {kind: tuple(int(c) for c in np.bincount(split, minlength=3)) for kind, split in splits.items()}
 
 
-def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
-    """A real dataset as (SceneSet-like part, PairSet-like pairs, bad images)."""
+def load_files(data: FileSettings, seed: int, images_out: Path | None = None, fingerprint: dict[str, Any] | None = None) -> tuple[Any, Any, list[dict]]:
+    """A real dataset as (SceneSet-like part, PairSet-like pairs, bad images). images_out: where to stream the
+    decoded images (a row store, fingerprinted with `fingerprint`); the part's `images` is then that store."""
     # open every image header up front only when a bad one must stop the stage
     table, pair_table = read_table(data, seed, check=data.on_bad_image == "fail")
-    images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images")
+    writer = None if images_out is None else StoreWriter(images_out, (data.image_size, data.image_size, 3), np.uint8, fingerprint=fingerprint or {})
+    images, bad = decode(table.paths, data.image_size, data, f"{table.kind} images", writer)
     keep = np.ones(len(table.paths), dtype=bool)
     keep[[b["index"] for b in bad]] = False
     part = SimpleNamespace(kind=table.kind, images=images, attributes=table.attributes[keep], attribute_names=table.attribute_names,
@@ -208,12 +258,13 @@ def load_files(data: FileSettings, seed: int) -> tuple[Any, Any, list[dict]]:
     return part, pairs, bad + [{**b, "what": "pair before"} for b in bad_before] + [{**b, "what": "pair after"} for b in bad_after]
 
 
-def read_source(data: ScenesSettings | FileSettings, seed: int) -> Source:
-    """Render the scene world, or load a real dataset, into a `Source`."""
+def read_source(data: ScenesSettings | FileSettings, seed: int, images_out: Path | None = None, fingerprint: dict[str, Any] | None = None) -> Source:
+    """Render the scene world, or load a real dataset, into a `Source`. images_out: a real dataset's images are
+    streamed into this row store as they are decoded (`decode`) instead of being held in memory."""
     if isinstance(data, ScenesSettings):
         parts = [render_kind(kind, spec, data, seed) for kind, spec in data.kinds.items()]
         prompts = zero_shot_prompts("objects") if "objects" in data.kinds else {}
         return Source(parts, vocabulary(), prompts, attribute_phrases)
-    part, pairs, bad = load_files(data, seed)
+    part, pairs, bad = load_files(data, seed, images_out, fingerprint)
     prompts = {f: [f"a photo of {part.attribute_names[c]}" for c in cols] for f, cols in part.families.items()}
     return Source([(part, pairs)], list(dict.fromkeys([*part.attribute_names, *DISTRACTORS])), prompts, name_phrases, bad)

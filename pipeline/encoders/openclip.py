@@ -184,3 +184,24 @@ class OpenClipEncoder:
                 tokens = self.tokenizer(list(texts[start : start + batch_size])).to(self.device)
                 out.append(F.normalize(self.model.encode_text(tokens).float(), dim=-1).cpu().numpy())
         return np.concatenate(out)
+
+
+def save_random_weights(arch: str, path: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised open_clip `arch` (weights seeded by `seed`) saved as safetensors at `path`: the
+    architecture of a pretrained tag, loadable offline as `weights: <path>` (the smoke variants of the real-model
+    presets run the real architecture this way). An existing file is kept. Returns the path."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.is_file():
+        return path
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = open_clip.create_model(arch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    os.replace(tmp, path)
+    logger.info("open_clip %s: random weights (seed %d) saved to %s", arch, seed, path)
+    return path

@@ -73,6 +73,8 @@ def encode_pixels(
     device = torch.device(device)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
         for pixels in pixel_batches(images, preprocess, batch_size, input_size):
+            if device.type == "cuda":  # page-locked host memory: the copy to the GPU runs asynchronously
+                pixels = pixels.pin_memory()
             features = forward(pixels.to(device, non_blocking=True)).float()
             out.append(F.normalize(features, dim=-1).cpu().numpy())
     return np.concatenate(out).astype(np.float32, copy=False)

@@ -65,6 +65,8 @@ class DecoderSettings:
     the largest fraction of coordinates (in a random basis) zeroed per sample, `noise_std` Gaussian noise on the
     standardised embedding; both 0 turn it off. Vocabulary: tokens seen fewer than `min_count` times become <unk>.
     train: the loop's settings (`TrainSettings`; no early stopping). device: "auto" = cuda when present.
+    max_pairs: the captions stage trains on at most this many (embedding, caption) pairs of the training split (a
+    seeded subsample; bounds its memory at max_pairs x d floats on large datasets).
     The defaults train on the default preset's 3,600 pairs in about a minute on 2 CPU cores.
     """
 
@@ -78,6 +80,7 @@ class DecoderSettings:
     drop_max: OpenFraction = 0.5
     noise_std: NonNegativeFloat = 0.05
     min_count: PositiveInt = 1
+    max_pairs: PositiveInt = 200_000
     train: Annotated[TrainSettings, defaults_from(DECODER_TRAIN)] = DECODER_TRAIN
     device: Device = "auto"
 

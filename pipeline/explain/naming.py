@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import sparse
 
+from pipeline.metrics.csr import row_of_entries, to_csr
 from pipeline.models.base import SparseModel
 from pipeline.models.rotations import RotationModel
 
@@ -173,34 +175,37 @@ def name_latents(
     return LatentNames(names=np.asarray(names, dtype=object)[index], scores=scores, indices=index)
 
 
-def explain_images(codes_latents: np.ndarray, names: LatentNames, top: int = 5) -> list[list[tuple[str, float]]]:
+def explain_images(codes_latents: np.ndarray | sparse.sparray | sparse.spmatrix, names: LatentNames, top: int = 5) -> list[list[tuple[str, float]]]:
     """The concept explanation of each image: its active latents' best names, most active first.
 
     codes_latents: (n, L) non-negative latent activations (`model.latents(codes)`; a latent is active
-    when > 0). Returns per image up to `top` (name, activation) pairs over its active latents sorted
-    by activation (ties: lower latent index). Two latents with the same best name give one entry
+    when > 0), dense or scipy.sparse. Returns per image up to `top` (name, activation) pairs over its active latents
+    sorted by activation (ties: lower latent index). Two latents with the same best name give one entry
     (the larger activation): an explanation lists concepts, and a repeated concept adds nothing.
-    An image with no active latent gets an empty list.
+    An image with no active latent gets an empty list. Works on the active entries only (one sort of them).
     """
     if not isinstance(names, LatentNames):
         raise TypeError(f"names: expected LatentNames (from name_latents), got {type(names).__name__}")
-    codes = _float_matrix("codes_latents", codes_latents)
+    codes = to_csr("codes_latents", codes_latents if sparse.issparse(codes_latents) else _float_matrix("codes_latents", codes_latents),
+                   dtype=np.float64, allow_empty=True)
+    if not np.isfinite(codes.data).all():
+        raise ValueError("codes_latents: contains NaN or infinite values")
     n_latents = names.names.shape[0]
     if codes.shape[1] != n_latents:
         raise ValueError(f"codes_latents: expected {n_latents} columns (one per named latent), got shape {codes.shape}")
-    if (codes < 0).any():
+    if (codes.data < 0).any():
         raise ValueError("codes_latents: expected non-negative activations (use model.latents(codes) for signed codes)")
     if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top: expected an int >= 1, got {top!r}")
-    order = np.argsort(-codes, axis=1, kind="stable")  # (n, L) most active first
-    values = np.take_along_axis(codes, order, axis=1)
-    n_active = (values > 0).sum(axis=1)
+    rows = row_of_entries(codes)
+    order = np.lexsort((codes.indices, -codes.data, rows))  # by image, then activation down, then latent up
+    latents, values = codes.indices[order], codes.data[order]
     best = names.best
     explanations: list[list[tuple[str, float]]] = []
-    for row_order, row_values, count in zip(order, values, n_active):  # builds the Python output only
+    for start, stop in zip(codes.indptr[:-1], codes.indptr[1:]):  # builds the Python output only
         entries: list[tuple[str, float]] = []
         seen: set[str] = set()
-        for latent, value in zip(row_order[:count], row_values[:count]):
+        for latent, value in zip(latents[start:stop], values[start:stop]):
             name = best[latent]
             if name not in seen:
                 seen.add(name)

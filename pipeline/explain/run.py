@@ -30,11 +30,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import sparse
 
 from pipeline.explain.captions import topk_original_basis
 from pipeline.explain.decoder import CaptionDecoder, decode_captions
 from pipeline.explain.naming import LatentNames, dense_explanations, explain_images, latent_directions, name_latents
 from pipeline.explain.relevance import CaptionJudgement, describes_image_rate, relevance
+from pipeline.metrics.csr import column_counts, stack_rows, to_csr
 from pipeline.models.base import SparseModel
 from pipeline.records import json_number
 from pipeline.settings import NonNegativeInt, PositiveInt, settings
@@ -45,6 +47,9 @@ __all__ = [
     "SOURCES", "ExplainSettings", "KindData", "Concepts", "latent_labels", "explain_rows", "frequent_latents",
     "top_activating", "latent_list", "switched_latents", "explain_run", "stated_precision",
 ]
+
+#: latent activations (n, L): a dense numpy array or a scipy.sparse matrix
+Codes = np.ndarray | sparse.sparray | sparse.spmatrix
 
 #: the caption sources, in the order the report shows them
 SOURCES = ("dense", "sparse", "topk_original")
@@ -92,6 +97,8 @@ class KindData:
     attributes, attribute_names, phrases). A kind with complete labels may add the other kinds' columns,
     which are false on its rows, so that a caption stating e.g. "a tree" on a single-object scene is wrong
     rather than ignored; a multi-label kind must not (its rows leave e.g. the background unlabelled).
+    codes: the model's latent activations of these rows (CSR (n, n_half_latents)) when already computed (the
+    evaluation reads them from its code set); None: `explain_run` encodes x.
     """
 
     kind: str
@@ -110,6 +117,7 @@ class KindData:
     caption_attributes: np.ndarray | None = None
     caption_names: list[str] | None = None
     caption_phrases: list[list[str]] | None = None
+    codes: sparse.csr_array | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rows)
@@ -126,6 +134,8 @@ class KindData:
             value = getattr(self, name)
             if p and (value is None or value.shape != (p, self.x.shape[1])):
                 raise ValueError(f"{self.kind}: {name}: expected shape ({p}, {self.x.shape[1]}), got {None if value is None else value.shape}")
+        if self.codes is not None and self.codes.shape[0] != n:
+            raise ValueError(f"{self.kind}: codes: expected {n} rows (one per test image), got {self.codes.shape}")
         if len(self.pair_edits) != p:
             raise ValueError(f"{self.kind}: pair_edits: expected {p} descriptions, got {len(self.pair_edits)}")
         given = [v is not None for v in (self.caption_attributes, self.caption_names, self.caption_phrases)]
@@ -182,54 +192,58 @@ def explain_rows(n: int, size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)[: min(size, n)].astype(np.int64)
 
 
-def _non_negative(name: str, codes: np.ndarray) -> np.ndarray:
-    codes = np.asarray(codes)
-    if codes.ndim != 2 or codes.dtype.kind != "f":
-        raise ValueError(f"{name}: expected a float array (n, L), got {codes.dtype} {codes.shape}")
-    if not np.isfinite(codes).all() or (codes < 0).any():
+def _non_negative(name: str, codes: Codes) -> sparse.csr_array:
+    """Non-negative float activations (n, L), dense or sparse, as CSR (only the active entries stored)."""
+    if not (sparse.issparse(codes) or isinstance(codes, np.ndarray)) or codes.ndim != 2 or codes.dtype.kind != "f":
+        raise ValueError(f"{name}: expected a float array (n, L), got {getattr(codes, 'dtype', type(codes))} {getattr(codes, 'shape', '')}")
+    x = to_csr(name, codes, allow_empty=True)
+    if not np.isfinite(x.data).all() or (x.data < 0).any():
         raise ValueError(f"{name}: expected finite non-negative activations (model.latents(codes))")
-    return codes
+    return x
 
 
-def frequent_latents(codes_latents: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+def frequent_latents(codes_latents: Codes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """The `count` most frequently active latents (activation > 0), most frequent first, ties by lower index.
 
-    codes_latents: (n, L) non-negative activations. Never-active latents are left out. Returns the latent
-    indices int64 (<= count,) and the activation frequency of every latent float64 (L,).
+    codes_latents: (n, L) non-negative activations, dense or sparse. Never-active latents are left out. Returns the
+    latent indices int64 (<= count,) and the activation frequency of every latent float64 (L,).
     """
     codes = _non_negative("codes_latents", codes_latents)
     if not _is_int(count) or count < 1:
         raise ValueError(f"count: expected an int >= 1, got {count!r}")
-    frequency = (codes > 0).mean(axis=0) if len(codes) else np.zeros(codes.shape[1])
+    frequency = column_counts(codes) / codes.shape[0] if codes.shape[0] else np.zeros(codes.shape[1])
     order = np.argsort(-frequency, kind="stable")
     order = order[frequency[order] > 0][:count]
     return order.astype(np.int64), frequency
 
 
-def top_activating(codes_latents: np.ndarray, latents: np.ndarray, count: int) -> list[list[int]]:
+def top_activating(codes_latents: Codes, latents: np.ndarray, count: int) -> list[list[int]]:
     """For each latent of `latents`, the positions (rows of codes_latents) of its `count` largest
-    activations, largest first, ties by lower row; only rows where it is active (> 0)."""
+    activations, largest first, ties by lower row; only rows where it is active (> 0). Codes dense or sparse."""
     codes = _non_negative("codes_latents", codes_latents)
     latents = np.asarray(latents, dtype=np.int64)
     if not _is_int(count) or count < 1:
         raise ValueError(f"count: expected an int >= 1, got {count!r}")
-    if len(latents) == 0 or len(codes) == 0:
+    if len(latents) == 0 or codes.shape[0] == 0:
         return [[] for _ in latents]
-    columns = codes[:, latents]  # (n, S)
-    order = np.argsort(-columns, axis=0, kind="stable")[:count]  # (<= count, S)
-    active = np.take_along_axis(columns, order, axis=0) > 0
-    return [order[active[:, j], j].tolist() for j in range(len(latents))]
+    columns = sparse.csc_array(codes[:, latents])  # (n, S): each selected latent's active rows
+    column = np.repeat(np.arange(len(latents)), np.diff(columns.indptr))
+    order = np.lexsort((columns.indices, -columns.data, column))  # by latent, then activation down, then row up
+    rows, column = columns.indices[order], column[order]
+    rank = np.arange(len(order)) - np.repeat(columns.indptr[:-1], np.diff(columns.indptr))
+    keep = rank < count
+    return [rows[keep & (column == j)].tolist() for j in range(len(latents))]
 
 
-def latent_list(codes_latents: np.ndarray, rows: np.ndarray, names: LatentNames, labels: list[str], count: int, images: int) -> list[dict[str, Any]]:
+def latent_list(codes_latents: Codes, rows: np.ndarray, names: LatentNames, labels: list[str], count: int, images: int) -> list[dict[str, Any]]:
     """The report's browsable latents: the `count` most frequently active latents with their names, name
     scores, activation frequency and the dataset rows (`rows`, one per row of codes_latents) of their
     `images` top-activating images."""
     rows = np.asarray(rows, dtype=np.int64)
-    if len(rows) != len(codes_latents):
-        raise ValueError(f"rows: expected {len(codes_latents)} dataset rows (one per row of codes_latents), got {len(rows)}")
-    if len(labels) != names.names.shape[0] or np.asarray(codes_latents).shape[1] != len(labels):
-        raise ValueError(f"labels: expected {np.asarray(codes_latents).shape[1]} labels and names (one per latent), "
+    if len(rows) != codes_latents.shape[0]:
+        raise ValueError(f"rows: expected {codes_latents.shape[0]} dataset rows (one per row of codes_latents), got {len(rows)}")
+    if len(labels) != names.names.shape[0] or codes_latents.shape[1] != len(labels):
+        raise ValueError(f"labels: expected {codes_latents.shape[1]} labels and names (one per latent), "
                          f"got {len(labels)} and {names.names.shape[0]}")
     chosen, frequency = frequent_latents(codes_latents, count)
     tops = top_activating(codes_latents, chosen, images)
@@ -240,11 +254,12 @@ def latent_list(codes_latents: np.ndarray, rows: np.ndarray, names: LatentNames,
     ]
 
 
-def switched_latents(before: np.ndarray, after: np.ndarray, labels: list[str], best_names: list[str], limit: int) -> list[dict[str, list[dict[str, Any]]]]:
+def switched_latents(before: Codes, after: Codes, labels: list[str], best_names: list[str], limit: int) -> list[dict[str, list[dict[str, Any]]]]:
     """Per pair, the latents whose binarised activation changed: "on" (inactive before, active after;
     largest activation after first) and "off" (active before, inactive after; largest before first),
-    at most `limit` each, ties by lower latent index. before, after: (p, L) non-negative activations."""
-    before, after = _non_negative("before", before), _non_negative("after", after)
+    at most `limit` each, ties by lower latent index. before, after: (p, L) non-negative activations, dense or
+    sparse (a few pairs: densified)."""
+    before, after = _non_negative("before", before).toarray(), _non_negative("after", after).toarray()
     if before.shape != after.shape:
         raise ValueError(f"after: expected the shape of before {before.shape}, got {after.shape}")
     if len(labels) != before.shape[1] or len(best_names) != before.shape[1]:
@@ -265,15 +280,6 @@ def switched_latents(before: np.ndarray, after: np.ndarray, labels: list[str], b
 
 
 # --- the whole run -------------------------------------------------------------------------------
-@torch.no_grad()
-def _latent_codes(model: SparseModel, x: np.ndarray, k: int | None = None) -> np.ndarray:
-    """float32 (n, n_half_latents): non-negative latent activations (half-axis view of signed models)."""
-    if len(x) == 0:
-        return np.zeros((0, model.n_half_latents), np.float32)
-    codes = model.encode(np.asarray(x, dtype=np.float32), k)  # numpy in, numpy out (any device)
-    return model.latents(torch.as_tensor(codes)).numpy().astype(np.float32)
-
-
 @torch.no_grad()
 def _reconstruct(model: SparseModel, x: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(model.decode(model.encode(np.asarray(x, dtype=np.float32), int(k))), dtype=np.float32)
@@ -328,8 +334,8 @@ def explain_run(
         names = LatentNames(names=empty.astype(object), scores=empty.astype(np.float32), indices=empty.astype(np.int64))
     best = names.best if names.names.shape[1] else [""] * len(labels)
 
-    codes = {data.kind: _latent_codes(model, data.x) for data in kinds}
-    all_codes = np.concatenate([codes[data.kind] for data in kinds])
+    codes = {data.kind: data.codes if data.codes is not None else model.sparse_latents(data.x) for data in kinds}
+    all_codes = stack_rows([codes[data.kind] for data in kinds], model.n_half_latents)
     all_rows = np.concatenate([data.rows for data in kinds])
     result: dict[str, Any] = {
         "k": int(k), "signed": bool(model.signed), "n_latents": len(labels), "named": concepts is not None,
@@ -375,7 +381,7 @@ def explain_run(
 
         p = min(settings.pairs, len(data.pair_ids))
         if p:
-            before, after = _latent_codes(model, data.pairs_before[:p]), _latent_codes(model, data.pairs_after[:p])
+            before, after = model.sparse_latents(data.pairs_before[:p]), model.sparse_latents(data.pairs_after[:p])
             switched = switched_latents(before, after, labels, best, settings.switched)
             result["pairs"] += [{"kind": data.kind, "pair": int(data.pair_ids[i]), "edit": data.pair_edits[i], **switched[i]} for i in range(p)]
     return result

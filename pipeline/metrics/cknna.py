@@ -27,21 +27,41 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from scipy import sparse
 
+from pipeline.metrics.csr import is_sparse, to_csr
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
 
+#: rows of one representation: a dense numpy array or a scipy.sparse matrix (n, dim)
+Rows = np.ndarray | sparse.sparray | sparse.spmatrix
 
-def _check(name: str, array: np.ndarray) -> None:
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(array).__name__}")
+
+def _rows(x: Rows, rows: np.ndarray) -> Rows:
+    return sparse.csr_array(x)[rows] if is_sparse(x) else x[rows]
+
+
+def _check(name: str, array: np.ndarray | sparse.sparray | sparse.spmatrix) -> None:
+    if not (isinstance(array, np.ndarray) or is_sparse(array)):
+        raise TypeError(f"{name}: expected a numpy array or a scipy.sparse matrix, got {type(array).__name__}")
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(f"{name}: expected a non-empty 2-D array (n, dim), got shape {array.shape}")
     if array.dtype.kind not in "fiub":
         raise TypeError(f"{name}: expected a numeric array, got dtype {array.dtype}")
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+    values = to_csr(name, array).data if is_sparse(array) else array
+    if array.dtype.kind == "f" and not np.isfinite(values).all():
         raise ValueError(f"{name}: contains NaN or infinite values")
+
+
+def _gram(x: np.ndarray | sparse.csr_array) -> np.ndarray:
+    """(n, n) float64 linear kernel x x^T of the (already subsampled) rows; a sparse x stays sparse until the
+    (n, n) result, so its cost is the products of the rows' non-zeros and no (n, L) dense copy is made."""
+    if is_sparse(x):
+        x64 = x.astype(np.float64)
+        return np.asarray((x64 @ x64.T).toarray())
+    x64 = x.astype(np.float64, copy=False)
+    return x64 @ x64.T
 
 
 def _knn_mask(kernel: np.ndarray, k: int) -> np.ndarray:
@@ -80,11 +100,22 @@ def _masked_similarity(k_mat: np.ndarray, l_mat: np.ndarray, mask_k: np.ndarray,
     return hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
 
 
-def cknna(a: np.ndarray, b: np.ndarray, k: int = 10, max_n: int | None = 2000, seed: int = 0) -> float:
+def cknna_subsample(n: int, max_n: int | None, seed: int) -> np.ndarray:
+    """int64 positions of the rows `cknna` uses out of n: all when n <= max_n (or max_n is None), else a seeded
+    sorted subset of max_n (a caller that reads rows from disk can read only these and pass max_n=None)."""
+    if max_n is None or n <= max_n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False)).astype(np.int64)
+
+
+def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0) -> float:
     """CKNNA between two representations of the same items.
 
     a: (n, d_a), b: (n, d_b) numeric arrays, row i of both = item i (e.g. codes or
-    reconstructions vs the embeddings). k: neighbours per row, 1 <= k <= n - 1 (after
+    reconstructions vs the embeddings); either may be a scipy.sparse matrix (k-sparse codes). The kernels of a
+    sparse input are computed from its non-zeros after the subsampling; they equal the dense kernels exactly
+    whenever the products are exact in float64 (e.g. codes on a grid of binary fractions), and to float64
+    rounding otherwise (a sum in another order), which can reorder two near-equal neighbours. k: neighbours per row, 1 <= k <= n - 1 (after
     subsampling). max_n: when n > max_n, a random subset of max_n rows (the same for a and b,
     drawn with `seed`) is used, because the metric is O(n^2) in time and memory; None = all rows.
     Returns a float in [-1, 1] in practice (NaN when a self-similarity is not positive).
@@ -97,17 +128,15 @@ def cknna(a: np.ndarray, b: np.ndarray, k: int = 10, max_n: int | None = 2000, s
         raise ValueError(f"max_n: expected None or an int >= 4, got {max_n!r}")
     n = a.shape[0]
     if max_n is not None and n > max_n:
-        rows = np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False))
-        a, b = a[rows], b[rows]
+        rows = cknna_subsample(n, max_n, seed)
+        a, b = _rows(a, rows), _rows(b, rows)
         n = max_n
     if n < 4:
         raise ValueError(f"a: CKNNA needs at least 4 rows, got {n}")
     if not isinstance(k, (int, np.integer)) or not 1 <= k <= n - 1:
         raise ValueError(f"k: expected an int in [1, {n - 1}] (n - 1 neighbours exist), got {k!r}")
-    a64 = a.astype(np.float64, copy=False)
-    b64 = b.astype(np.float64, copy=False)
-    k_mat = a64 @ a64.T
-    l_mat = b64 @ b64.T
+    k_mat = _gram(to_csr("a", a) if is_sparse(a) else a)
+    l_mat = _gram(to_csr("b", b) if is_sparse(b) else b)
     mask_k = _knn_mask(k_mat, k)
     mask_l = _knn_mask(l_mat, k)
     s_kl = _masked_similarity(k_mat, l_mat, mask_k, mask_l)

@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import sklearn
 from scipy import sparse
 from sklearn.tree import DecisionTreeClassifier
 
+from pipeline.metrics.csr import to_csr
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
@@ -126,6 +128,13 @@ def truncated_accuracies(clf: DecisionTreeClassifier) -> np.ndarray:
 Codes = np.ndarray | sparse.csc_matrix
 
 
+def _tree_csc(x: sparse.csr_array) -> sparse.csc_matrix:
+    """CSC with int32 indices, what scikit-learn's sparse tree splitter takes (it refuses int64 indices)."""
+    out = sparse.csc_matrix(x)
+    out.indices, out.indptr = out.indices.astype(np.int32), out.indptr.astype(np.int32)
+    return out
+
+
 def _zero_column(x: Codes, column: int) -> None:
     """Remove latent `column` in place (its values become 0, i.e. inactive)."""
     if sparse.issparse(x):
@@ -135,15 +144,22 @@ def _zero_column(x: Codes, column: int) -> None:
         x[:, column] = 0.0
 
 
+def _fit(x: Codes, y: np.ndarray, seed: int, max_depth: int | None) -> DecisionTreeClassifier:
+    """A Gini tree; scikit-learn's per-call input and parameter validation is skipped (the inputs were checked once
+    in `fms`, and thousands of small fits per evaluation spent ~15% of their time re-checking them)."""
+    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+        return DecisionTreeClassifier(criterion="gini", max_depth=max_depth, random_state=seed).fit(x, y)
+
+
 def _root_split_accuracy(x: Codes, y: np.ndarray, seed: int) -> tuple[float, int]:
-    stump = DecisionTreeClassifier(criterion="gini", max_depth=1, random_state=seed).fit(x, y)
+    stump = _fit(x, y, seed, max_depth=1)
     feature = int(stump.tree_.feature[0]) if stump.tree_.children_left[0] >= 0 else -1
     return float(truncated_accuracies(stump)[0]), feature
 
 
 def _concept_scores(x: Codes, y: np.ndarray, removals: tuple[int, ...], levels: str, seed: int) -> tuple[float, float, float, int, int, np.ndarray]:
     """(accs_0, local, global, root feature, depth, cut accuracies) for one concept (depth >= 1)."""
-    clf = DecisionTreeClassifier(criterion="gini", max_depth=None, random_state=seed).fit(x, y)
+    clf = _fit(x, y, seed, max_depth=None)
     depth = int(clf.get_depth())
     acc = truncated_accuracies(clf)
     acc0 = float(acc[0])
@@ -189,7 +205,9 @@ def fms(
 ) -> FMSResult:
     """Feature Monosemanticity Score of `codes` for binary concepts (see the module docstring).
 
-    codes: (n, n_latents) numeric, finite. labels: (n,) or (n, n_concepts) bool.
+    codes: (n, n_latents) numeric, finite: a dense array or a scipy.sparse matrix (the same trees either way: the
+    representation the trees see is chosen by the density of the codes, not by their type). labels: (n,) or
+    (n, n_concepts) bool.
     max_n: rows used per concept at most. seed: drives the row subsamples.
     removals: the p of FMS@p, or several to average (default: the published 1..9).
     levels: the levels of the global term, "published" (with the no-split level) or "paper" (2 .. D).
@@ -197,12 +215,13 @@ def fms(
     False = one uniform subsample of max_n rows shared by all concepts, class ratio as in the data.
     Loops over concepts and removals (each one a tree fit); nothing loops over rows or latents.
     """
-    if not isinstance(codes, np.ndarray) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
+    if not (isinstance(codes, np.ndarray) or sparse.issparse(codes)) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
         got = getattr(codes, "shape", type(codes))
-        raise ValueError(f"codes: expected a non-empty 2-D numpy array (n, n_latents), got {got}")
+        raise ValueError(f"codes: expected a non-empty 2-D numpy array or scipy.sparse matrix (n, n_latents), got {got}")
     if codes.dtype.kind not in "fiub":
         raise TypeError(f"codes: expected a numeric array, got dtype {codes.dtype}")
-    if codes.dtype.kind == "f" and not np.isfinite(codes).all():
+    x_all = to_csr("codes", codes, dtype=np.float32)  # CSR for cheap row selection; each concept's rows go to CSC
+    if not np.isfinite(x_all.data).all():
         raise ValueError("codes: contains NaN or infinite values")
     if not isinstance(labels, np.ndarray) or labels.dtype != np.bool_:
         raise TypeError(f"labels: expected a bool numpy array, got {getattr(labels, 'dtype', type(labels))}")
@@ -218,10 +237,7 @@ def fms(
     removals = tuple(int(p) for p in removals)
     if levels not in ("published", "paper"):
         raise ValueError(f"levels: expected 'published' or 'paper', got {levels!r}")
-    x_all = codes.astype(np.float32)
-    use_sparse = np.count_nonzero(x_all) <= _SPARSE_DENSITY * x_all.size
-    if use_sparse:
-        x_all = sparse.csr_matrix(x_all)  # CSR for cheap row selection; each concept's rows go to CSC
+    use_sparse = x_all.nnz <= _SPARSE_DENSITY * x_all.shape[0] * x_all.shape[1]
     n_concepts = labels.shape[1]
     acc0 = np.full(n_concepts, np.nan)
     local = np.full(n_concepts, np.nan)
@@ -244,8 +260,7 @@ def fms(
             logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows.size)
             continue
         x = x_all[rows]
-        if use_sparse:
-            x = x.tocsc()
+        x = _tree_csc(x) if use_sparse else x.toarray()
         if _root_split_accuracy(x, y, seed)[1] < 0:
             logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows.size)
             continue

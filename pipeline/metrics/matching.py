@@ -10,6 +10,12 @@ count, the number of positives per attribute and the number of activations per l
 all attributes is one (L, n) x (n, A) product plus O(L A) arithmetic, instead of L x A calls to
 a per-pair scorer.
 
+Sparse codes: every function takes the binarised codes as a dense bool array or as any scipy.sparse matrix (a
+k-sparse code of 120 k images over 16,384 latents is 30 MB as CSR, 7.9 GB dense); both become the same bool CSR
+array (`pipeline.metrics.csr`) and go through the same integer arithmetic, so they give identical results. The
+products are sparse x sparse in int64, so their cost is about n x (active latents per row) x (true attributes per
+row), whatever L is (bench/bench_fbmp.py measures it).
+
 Binarisation (`binarise`): a latent is active where its activation exceeds a threshold; the published
 evaluation code uses `> 1e-8` (`PUBLISHED_THRESHOLD`, the default), `> 0` is an option. Non-finite codes are an
 error, never "inactive".
@@ -31,21 +37,40 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
+from pipeline.metrics.csr import column_counts, first_non_finite, is_sparse, row_of_entries, to_csr
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
 
-# Rows converted to float32 per block in `_tp_counts`: about 32 MB of float32 per block at L = 4096.
-_BLOCK_ELEMENTS = 8 * 1024 * 1024
+#: codes (n, L): a dense numpy array or any scipy.sparse matrix/array
+Codes = np.ndarray | sparse.sparray | sparse.spmatrix
+#: binarised codes (n, L): a bool numpy array or a bool scipy.sparse matrix/array
+Active = np.ndarray | sparse.sparray | sparse.spmatrix
 
 #: the published binarisation: a latent is active where its activation is > 1e-8
 PUBLISHED_THRESHOLD = 1e-8
 
 
-def binarise(codes: np.ndarray, threshold: float = PUBLISHED_THRESHOLD) -> np.ndarray:
-    """bool (n, L): activation > threshold, for non-negative latent activations (n, L). NaN or infinite values are
-    an error naming the first one (a NaN compared with a threshold would silently read as inactive)."""
+def binarise(codes: Codes, threshold: float = PUBLISHED_THRESHOLD) -> Active:
+    """Active latents: activation > threshold, for non-negative latent activations (n, L).
+
+    A dense array gives a bool array (n, L); a scipy.sparse matrix gives a bool CSR array holding exactly the active
+    entries (the implicit zeros stay inactive, so the threshold must be >= 0). NaN or infinite values are an error
+    naming the first one (a NaN compared with a threshold would silently read as inactive).
+    """
+    if is_sparse(codes):
+        if not threshold >= 0:
+            raise ValueError(f"threshold: expected >= 0 for sparse codes (their implicit zeros are inactive), got {threshold!r}")
+        x = to_csr("codes", codes, allow_empty=True)
+        bad = first_non_finite(x)
+        if bad is not None:
+            raise ValueError(f"codes: non-finite value {bad[2]} at row {bad[0]}, latent {bad[1]}; codes must be finite to binarise")
+        keep = x.data > threshold
+        counts = np.bincount(row_of_entries(x)[keep], minlength=x.shape[0])
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(x.indptr.dtype)
+        return sparse.csr_array((np.ones(int(keep.sum()), dtype=bool), x.indices[keep], indptr), shape=x.shape)
     codes = np.asarray(codes)
     if codes.dtype.kind == "f" and not np.isfinite(codes).all():
         row, latent = np.argwhere(~np.isfinite(codes))[0]
@@ -83,27 +108,45 @@ class Matching:
     score: float
 
 
-def _check_bool(name: str, array: np.ndarray) -> None:
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(array).__name__}")
-    if array.dtype != np.bool_:
-        raise TypeError(f"{name}: expected a bool array (binarised), got dtype {array.dtype}")
-    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"{name}: expected a non-empty 2-D array, got shape {array.shape}")
+def _check_active(active: Active) -> sparse.csr_array:
+    """The binarised codes as a bool CSR array (n, L) holding only the active entries; dense or sparse bool input."""
+    if is_sparse(active):
+        if active.dtype != np.bool_:
+            raise TypeError(f"active: expected bool (binarised) sparse codes, got dtype {active.dtype}")
+        return to_csr("active", active)
+    if not isinstance(active, np.ndarray):
+        raise TypeError(f"active: expected a bool numpy array or scipy.sparse matrix, got {type(active).__name__}")
+    if active.dtype != np.bool_:
+        raise TypeError(f"active: expected a bool array (binarised), got dtype {active.dtype}")
+    return to_csr("active", active)
 
 
-def _check_inputs(active: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Check the pair; returns bool (A,): the attributes with at least one positive (the others are undefined)."""
-    _check_bool("active", active)
-    _check_bool("labels", labels)
-    if labels.shape[0] != active.shape[0]:
-        raise ValueError(f"labels: expected {active.shape[0]} rows like active, got shape {labels.shape}")
-    defined = labels.any(axis=0)
+def _check_labels(labels: np.ndarray, n: int) -> None:
+    if not isinstance(labels, np.ndarray):
+        raise TypeError(f"labels: expected a numpy array, got {type(labels).__name__}")
+    if labels.dtype != np.bool_:
+        raise TypeError(f"labels: expected a bool array, got dtype {labels.dtype}")
+    if labels.ndim != 2 or labels.shape[0] == 0 or labels.shape[1] == 0:
+        raise ValueError(f"labels: expected a non-empty 2-D array, got shape {labels.shape}")
+    if labels.shape[0] != n:
+        raise ValueError(f"labels: expected {n} rows like active, got shape {labels.shape}")
+
+
+def _warn_undefined(defined: np.ndarray) -> None:
     if not defined.all():
         empty = np.flatnonzero(~defined)
         logger.warning("matching: %d attribute(s) have no positive row (attributes %s); their F1 is NaN and they leave MATCHScore",
                        empty.size, empty[:10].tolist())
-    return defined
+
+
+def _check_inputs(active: Active, labels: np.ndarray) -> tuple[sparse.csr_array, np.ndarray]:
+    """The checked pair: active as bool CSR, and bool (A,): the attributes with at least one positive (the others
+    are undefined, with a warning)."""
+    csr = _check_active(active)
+    _check_labels(labels, csr.shape[0])
+    defined = labels.any(axis=0)
+    _warn_undefined(defined)
+    return csr, defined
 
 
 def nan_mean(values: np.ndarray) -> float:
@@ -111,21 +154,19 @@ def nan_mean(values: np.ndarray) -> float:
     return float(np.nanmean(values)) if np.isfinite(values).any() else Undefined("no attribute has a positive row here")
 
 
-def _tp_counts(active: np.ndarray, targets: np.ndarray) -> np.ndarray:
+def _tp_counts(active: sparse.csr_array, targets: np.ndarray | sparse.csc_array) -> np.ndarray:
     """(L, A) int64 counts of rows where latent l is active and target column a is true.
 
-    active: (n, L) bool; targets: (n, A) bool. Computed as float32 products of 0/1 blocks of rows
-    (exact: each block's counts are below 2^24) summed in float64, so memory stays at one block
-    of `active` in float32 plus (L, A) accumulators.
+    active: bool CSR (n, L); targets: (n, A) bool, dense or sparse. One sparse x sparse product in int64 (exact):
+    its cost is the sum over rows of (active latents) x (true targets), so neither side is ever densified.
     """
-    n, n_latents = active.shape
-    block = max(1, _BLOCK_ELEMENTS // max(n_latents, targets.shape[1]))
-    out = np.zeros((n_latents, targets.shape[1]), dtype=np.float64)
-    for start in range(0, n, block):
-        a = active[start : start + block].astype(np.float32)
-        t = targets[start : start + block].astype(np.float32)
-        out += a.T @ t
-    return np.rint(out).astype(np.int64)
+    targets = targets if sparse.issparse(targets) else sparse.csc_array(targets)
+    return (active.T.astype(np.int64) @ targets.astype(np.int64)).toarray()
+
+
+def _column_sizes(x: sparse.csc_array) -> np.ndarray:
+    """int64 (columns,): stored (true) entries per column of a bool CSC array without explicit zeros."""
+    return np.diff(x.indptr).astype(np.int64)
 
 
 def _f1_from_counts(tp: np.ndarray, n_true: np.ndarray, n_pred: np.ndarray) -> np.ndarray:
@@ -135,14 +176,30 @@ def _f1_from_counts(tp: np.ndarray, n_true: np.ndarray, n_pred: np.ndarray) -> n
     return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
 
 
-def one_to_one(active: np.ndarray, labels: np.ndarray) -> Matching:
+def tp_counts(active: Active, labels: np.ndarray) -> np.ndarray:
+    """(L, A) int64: rows where latent l is active and attribute a is true. The product `one_to_one` and the first
+    step of every `fbmp` compute; pass it to them (`tp=`) to compute it once for several matching rules."""
+    active, _ = _check_inputs(active, labels)
+    return _tp_counts(active, labels)
+
+
+def _given_tp(tp: np.ndarray | None, active: sparse.csr_array, labels: np.ndarray) -> np.ndarray:
+    if tp is None:
+        return _tp_counts(active, labels)
+    if tp.shape != (active.shape[1], labels.shape[1]):
+        raise ValueError(f"tp: expected counts of shape {(active.shape[1], labels.shape[1])} (latents, attributes), got {tp.shape}")
+    return tp
+
+
+def one_to_one(active: Active, labels: np.ndarray, tp: np.ndarray | None = None) -> Matching:
     """For each attribute, the single latent with the highest F1 (ties: lowest index).
 
-    active: (n, L) bool latent activations; labels: (n, A) bool attribute labels.
+    active: (n, L) bool latent activations, dense or scipy.sparse; labels: (n, A) bool attribute labels.
+    tp: `tp_counts(active, labels)` when already computed.
     """
-    defined = _check_inputs(active, labels)
-    tp = _tp_counts(active, labels)
-    f1 = _f1_from_counts(tp, labels.sum(axis=0)[None, :], active.sum(axis=0)[:, None])
+    active, defined = _check_inputs(active, labels)
+    tp = _given_tp(tp, active, labels)
+    f1 = _f1_from_counts(tp, labels.sum(axis=0)[None, :], column_counts(active)[:, None])
     best = np.argmax(f1, axis=0)
     best_f1 = np.where(defined, f1[best, np.arange(labels.shape[1])], np.nan)
     return Matching(
@@ -152,50 +209,56 @@ def one_to_one(active: np.ndarray, labels: np.ndarray) -> Matching:
     )
 
 
-def fbmp(active: np.ndarray, labels: np.ndarray, beta: float = 0.5, k: int = 3) -> Matching:
+def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: np.ndarray | None = None) -> Matching:
     """Fully-Binary Matching Pursuit (SPEC.md B), all attributes at once.
 
-    active: (n, L) bool latent activations; labels: (n, A) bool attribute labels.
+    active: (n, L) bool latent activations, dense or scipy.sparse; labels: (n, A) bool attribute labels.
     beta: F_beta weight for choosing latents against the residual (0.5 recommended).
-    k: maximum coalition size, 1 <= k <= L.
+    k: maximum coalition size, 1 <= k <= L. tp: `tp_counts(active, labels)` when already computed (the first step's
+    counts, the same for every beta).
 
     Per attribute: residual r = y; at each step pick the latent with the highest F_beta against r
     (ties: lowest index), drop its activations from r, and keep it only if F1(y, OR of the
     coalition) strictly improves (the first latent is always kept); the first rejection ends the
-    coalition. Implementation: the residuals of all still-running attributes are the columns of
-    an (n, A) bool matrix; each step takes one `_tp_counts` product for their TP counts, scores
-    `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax),
-    gathers the winning latent's column for every attribute at once and updates the (n, A)
-    prediction matrix `yhat` with an OR. Only a list append per attribute runs in Python.
+    coalition. Implementation: the labels, residuals and predictions of the still-running attributes are the
+    columns of bool CSC arrays (n, running); each step takes one sparse `_tp_counts` product for their TP counts,
+    scores `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax),
+    gathers the winning latent's column for every attribute at once (from a CSC copy of the codes), updates the
+    predictions with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns.
+    Only a list append per attribute runs in Python; nothing of size (n, A) or (n, L) is ever dense.
     """
-    defined = _check_inputs(active, labels)
+    active, defined = _check_inputs(active, labels)
     if not (isinstance(beta, (int, float, np.floating)) and np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta: expected a positive finite number, got {beta!r}")
     n_latents = active.shape[1]
     if not isinstance(k, (int, np.integer)) or not 1 <= k <= n_latents:
         raise ValueError(f"k: expected an int in [1, {n_latents}] (the number of latents), got {k!r}")
+    by_column = active.tocsc()
     beta2 = float(beta) ** 2
     n_attr = labels.shape[1]
     n_true = labels.sum(axis=0).astype(np.int64)
-    n_active = active.sum(axis=0).astype(np.float64)
-    residual = labels.copy()
-    yhat = np.zeros_like(labels)
+    n_active = column_counts(active).astype(np.float64)
     tp_hat = np.zeros(n_attr, dtype=np.int64)
     n_hat = np.zeros(n_attr, dtype=np.int64)
     chosen: list[list[int]] = [[] for _ in range(n_attr)]
     running = np.flatnonzero(defined)
+    # the running attributes' labels, residuals and predictions as bool CSC (n, running): set operations on
+    # their non-zeros only, never an (n, A) dense array
+    truth = sparse.csc_array(labels[:, running])
+    residual = truth.copy()
+    yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
+    first = _given_tp(tp, active, labels)[:, running] if tp is not None else None
     for step in range(k):
         if running.size == 0:
             break
-        res = residual[:, running]
-        tp = _tp_counts(active, res).astype(np.float64)
-        den = beta2 * res.sum(axis=0)[None, :] + n_active[:, None]
+        tp = (first if step == 0 and first is not None else _tp_counts(active, residual)).astype(np.float64)
+        den = beta2 * _column_sizes(residual)[None, :] + n_active[:, None]
         score = np.divide(tp, den, out=np.zeros_like(tp), where=den > 0)
         best = np.argmax(score, axis=0)
-        gathered = active[:, best]
-        new_hat = yhat[:, running] | gathered
-        tp_new = np.count_nonzero(new_hat & labels[:, running], axis=0).astype(np.int64)
-        n_new = np.count_nonzero(new_hat, axis=0).astype(np.int64)
+        gathered = by_column[:, best]
+        new_hat = yhat.maximum(gathered)
+        tp_new = _column_sizes(new_hat.multiply(truth))
+        n_new = _column_sizes(new_hat)
         if step == 0:
             accept = np.ones(running.size, dtype=bool)
         else:
@@ -203,13 +266,12 @@ def fbmp(active: np.ndarray, labels: np.ndarray, beta: float = 0.5, k: int = 3) 
             p = n_true[running]
             accept = tp_new * (p + n_hat[running]) > tp_hat[running] * (p + n_new)
         kept = running[accept]
-        yhat[:, kept] = new_hat[:, accept]
-        residual[:, kept] &= ~gathered[:, accept]
         tp_hat[kept] = tp_new[accept]
         n_hat[kept] = n_new[accept]
         for attribute, latent in zip(kept.tolist(), best[accept].tolist()):
             chosen[attribute].append(latent)
-        running = kept
+        residual = (residual - residual.multiply(gathered))[:, accept]
+        yhat, truth, running = new_hat[:, accept], truth[:, accept], kept
     f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
@@ -229,17 +291,39 @@ def delta_match_score(trained: Matching, untrained: Matching) -> float:
     return float(trained.score - untrained.score)
 
 
-def coalition_f1(active: np.ndarray, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
+def coalition_counts(active: Active, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
+    """int64 (3, A): per attribute, the true positives, predicted positives and true positives of the OR of its
+    coalition on these rows (rows: TP, |yhat|, |y|). Counts add up over row blocks, so a held-out F1 can stream over
+    a split of any size (`counts_f1`).
+
+    active: (n, L) bool, dense or scipy.sparse; labels: (n, A) bool; coalitions: one int array per attribute (from a
+    Matching fitted elsewhere), indices checked. One sparse (n, L) x (L, A) product gives every coalition's OR.
+    """
+    active = _check_active(active)
+    _check_labels(labels, active.shape[0])
+    n_latents, n_attr = active.shape[1], labels.shape[1]
+    checked = check_coalitions(coalitions, n_latents, n_attr)
+    member = sparse.csr_array((np.ones(sum(c.size for c in checked), dtype=np.int64),
+                               (np.concatenate([c for c in checked] + [np.zeros(0, np.int64)]),
+                                np.repeat(np.arange(n_attr), [c.size for c in checked]))), shape=(n_latents, n_attr))
+    yhat = (active.astype(np.int64) @ member).toarray() > 0
+    return np.stack([np.count_nonzero(yhat & labels, axis=0), yhat.sum(axis=0), labels.sum(axis=0)]).astype(np.int64)
+
+
+def counts_f1(counts: np.ndarray, warn: bool = True) -> np.ndarray:
+    """(A,) F1 from `coalition_counts` (summed over row blocks); NaN for an attribute with no positive row, with a
+    warning unless `warn` is False (see the module docstring)."""
+    tp, n_pred, n_true = np.asarray(counts, dtype=np.int64)
+    defined = n_true > 0
+    if warn:
+        _warn_undefined(defined)
+    return np.where(defined, _f1_from_counts(tp, n_true, n_pred), np.nan)
+
+
+def coalition_f1(active: Active, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
     """(A,) F1 of the OR of each attribute's coalition against its labels, on any (e.g. held-out) rows; NaN for an
     attribute with no positive row there (see the module docstring).
 
-    active: (n, L) bool; labels: (n, A) bool; coalitions: one int array per attribute (from a
-    Matching fitted elsewhere), indices checked. One (n, L) x (L, A) product gives every coalition's OR at once.
+    active: (n, L) bool, dense or scipy.sparse; labels: (n, A) bool; coalitions: one int array per attribute.
     """
-    defined = _check_inputs(active, labels)
-    member = np.zeros((active.shape[1], labels.shape[1]), dtype=np.float32)
-    for a, coalition in enumerate(check_coalitions(coalitions, active.shape[1], labels.shape[1])):
-        member[coalition, a] = 1.0
-    yhat = (active.astype(np.float32) @ member) > 0
-    tp = np.count_nonzero(yhat & labels, axis=0)
-    return np.where(defined, _f1_from_counts(tp, labels.sum(axis=0), yhat.sum(axis=0)), np.nan)
+    return counts_f1(coalition_counts(active, labels, coalitions))

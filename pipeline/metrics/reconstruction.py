@@ -2,7 +2,7 @@
 
 SPEC.md C: FVU is dataset-level, `sum ||x - x^||^2 / sum ||x - mean(x)||^2`, accumulated in
 float64. `ReconstructionAccumulator` computes the same numbers batch by batch for stores larger
-than memory.
+than memory. Codes (for L0 and dead latents) may be dense or any scipy.sparse matrix.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
+
+from pipeline.metrics.csr import column_counts, to_csr
 
 
 def _check_2d(name: str, array: np.ndarray, numeric: bool = True) -> np.ndarray:
@@ -51,16 +54,25 @@ def fvu(x: np.ndarray, x_hat: np.ndarray) -> float:
     return err / var
 
 
-def l0(codes: np.ndarray) -> float:
-    """Mean number of non-zero entries per row of `codes` (n, n_latents): the K of FVU-vs-K."""
-    _check_2d("codes", codes)
-    return float(np.count_nonzero(codes, axis=1).mean())
+def _codes(codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> sparse.csr_array:
+    """Codes (n, n_latents), dense or sparse, as CSR with only the non-zeros stored (finite values checked)."""
+    if not sparse.issparse(codes):
+        _check_2d("codes", codes)
+    x = to_csr("codes", codes)
+    if x.dtype.kind == "f" and not np.isfinite(x.data).all():
+        raise ValueError("codes: contains NaN or infinite values")
+    return x
 
 
-def dead_fraction(codes: np.ndarray) -> float:
-    """Fraction of columns of `codes` (n, n_latents) that are never non-zero on these rows."""
-    _check_2d("codes", codes)
-    ever = np.any(codes != 0, axis=0)
+def l0(codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> float:
+    """Mean number of non-zero entries per row of `codes` (n, n_latents), dense or sparse: the K of FVU-vs-K."""
+    x = _codes(codes)
+    return x.nnz / x.shape[0]
+
+
+def dead_fraction(codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> float:
+    """Fraction of columns of `codes` (n, n_latents), dense or sparse, that are never non-zero on these rows."""
+    ever = column_counts(_codes(codes)) > 0
     return np.count_nonzero(~ever) / ever.size
 
 
@@ -101,10 +113,10 @@ class ReconstructionAccumulator:
         self._nnz = 0
         self._ever_active = np.zeros(self.n_latents, dtype=bool)
 
-    def update(self, x: np.ndarray, x_hat: np.ndarray, codes: np.ndarray) -> None:
-        """Add one batch: x, x_hat (b, d) floats; codes (b, n_latents)."""
+    def update(self, x: np.ndarray, x_hat: np.ndarray, codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> None:
+        """Add one batch: x, x_hat (b, d) floats; codes (b, n_latents), dense or sparse."""
         _check_pair(x, x_hat)
-        _check_2d("codes", codes)
+        codes = _codes(codes)
         if x.shape[1] != self.d:
             raise ValueError(f"x: expected {self.d} columns, got shape {x.shape}")
         if codes.shape != (x.shape[0], self.n_latents):
@@ -117,8 +129,8 @@ class ReconstructionAccumulator:
         self._s1 += shifted.sum(axis=0)
         self._s2 += float(np.sum(shifted**2))
         self._n += x.shape[0]
-        self._nnz += int(np.count_nonzero(codes))
-        self._ever_active |= np.any(codes != 0, axis=0)
+        self._nnz += int(codes.nnz)
+        self._ever_active |= column_counts(codes) > 0
 
     def result(self) -> ReconstructionStats:
         """The statistics over every batch so far. Raises ValueError before any batch or at zero variance."""

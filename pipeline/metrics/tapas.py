@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from scipy import sparse
 
-from pipeline.metrics.matching import check_coalitions
+from pipeline.metrics.csr import is_sparse, row_of_entries, to_csr
+from pipeline.metrics.matching import Active, check_coalitions
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
@@ -48,23 +50,29 @@ class Tapas:
     empty: str = "zero"
 
 
-def _check_codes(before: np.ndarray, after: np.ndarray) -> None:
+def _check_codes(before: Active, after: Active) -> tuple[sparse.csr_array, sparse.csr_array]:
+    """Both sides as bool CSR arrays (n_pairs, L) holding the active entries; dense or sparse bool input."""
+    out = []
     for name, array in (("before", before), ("after", after)):
-        if not isinstance(array, np.ndarray) or array.dtype != np.bool_:
-            raise TypeError(f"{name}: expected a bool numpy array (binarised codes), got {getattr(array, 'dtype', type(array))}")
+        if getattr(array, "dtype", None) != np.bool_ or not (isinstance(array, np.ndarray) or is_sparse(array)):
+            raise TypeError(f"{name}: expected a bool numpy array or scipy.sparse matrix (binarised codes), got {getattr(array, 'dtype', type(array))}")
         if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
             raise ValueError(f"{name}: expected a non-empty 2-D array (n_pairs, n_latents), got shape {array.shape}")
+        out.append(to_csr(name, array))
     if after.shape != before.shape:
         raise ValueError(f"after: expected the shape of before {before.shape}, got {after.shape}")
+    return out[0], out[1]
 
 
-def _membership(coalitions: list[np.ndarray], n_latents: int) -> np.ndarray:
-    """(n_attributes, n_latents) bool: True where the latent is in the attribute's coalition (indices checked)."""
+def _membership(coalitions: list[np.ndarray], n_latents: int) -> sparse.csr_array:
+    """bool CSR (n_attributes, n_latents): True where the latent is in the attribute's coalition (indices checked)."""
     if not isinstance(coalitions, (list, tuple)) or len(coalitions) == 0:
         raise ValueError("coalitions: expected a non-empty list of int arrays, one per attribute")
-    member = np.zeros((len(coalitions), n_latents), dtype=bool)
-    for a, coalition in enumerate(check_coalitions(coalitions, n_latents, len(coalitions))):
-        member[a, coalition] = True
+    checked = check_coalitions(coalitions, n_latents, len(coalitions))
+    rows = np.repeat(np.arange(len(checked)), [c.size for c in checked])
+    columns = np.concatenate([*checked, np.zeros(0, np.int64)])
+    member = sparse.csr_array((np.ones(rows.size, dtype=bool), (rows, columns)), shape=(len(checked), n_latents))
+    member.sum_duplicates()
     return member
 
 
@@ -78,44 +86,67 @@ def _check_attribute_index(name: str, index: np.ndarray, n_pairs: int, n_attribu
         raise ValueError(f"{name}: expected indices in [-1, {n_attributes}), got {index.min()}..{index.max()}")
 
 
-def _edit_sets(member: np.ndarray, added: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n_pairs, n_latents) bool I_add and I_rem per pair, shared latents dropped from both."""
-    add = member[np.maximum(added, 0)] & (added >= 0)[:, None]
-    rem = member[np.maximum(removed, 0)] & (removed >= 0)[:, None]
-    shared = add & rem
-    return add & ~shared, rem & ~shared
+def _in_set(member: sparse.csr_array, attribute: np.ndarray, latents: np.ndarray) -> np.ndarray:
+    """bool (m,): whether latents[i] is in the coalition of attribute[i] (False where attribute[i] = -1)."""
+    valid = attribute >= 0
+    out = np.zeros(latents.size, dtype=bool)
+    if valid.any():
+        out[valid] = np.asarray(member[attribute[valid], latents[valid]]).ravel()
+    return out
 
 
-def _coalition_on(codes: np.ndarray, sets: np.ndarray) -> np.ndarray:
-    """(n_pairs,) int: max over the pair's latent set of its binarised code (0 for an empty set)."""
-    return np.any(codes & sets, axis=1).astype(np.int64)
+def _coalition_on(codes: sparse.csr_array, member: sparse.csr_array, added: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n_pairs,) int each: max over the pair's I_add (resp. I_rem) of its binarised code, 0 for an empty set.
+
+    I_add = coalition(added) minus coalition(removed), I_rem the other way round (shared latents dropped from both).
+    Works on the active entries only: for each active (pair, latent), whether the latent is in the pair's I_add
+    and I_rem, then a per-pair OR (a bincount), so nothing of size (n_pairs, L) is built.
+    """
+    rows, latents = row_of_entries(codes), codes.indices.astype(np.int64)
+    in_add = _in_set(member, added[rows], latents)
+    in_rem = _in_set(member, removed[rows], latents)
+    n = codes.shape[0]
+    on_add = np.bincount(rows[in_add & ~in_rem], minlength=n) > 0
+    on_rem = np.bincount(rows[in_rem & ~in_add], minlength=n) > 0
+    return on_add.astype(np.int64), on_rem.astype(np.int64)
+
+
+def _nonempty(member: sparse.csr_array, added: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n_pairs,) bool each: whether I_add (resp. I_rem) is non-empty, from the coalition sizes and overlaps."""
+    size = np.diff(member.indptr).astype(np.int64)
+    counts = member.astype(np.int64)
+    overlap = (counts @ counts.T).toarray()  # (A, A) shared latents between two coalitions
+    a, r = np.maximum(added, 0), np.maximum(removed, 0)
+    shared = np.where((added >= 0) & (removed >= 0), overlap[a, r], 0)
+    return (added >= 0) & (size[a] - shared > 0), (removed >= 0) & (size[r] - shared > 0)
 
 
 def tapascore(
-    before: np.ndarray,
-    after: np.ndarray,
+    before: Active,
+    after: Active,
     added: np.ndarray,
     removed: np.ndarray,
     coalitions: list[np.ndarray],
     empty: Literal["zero", "skip"] = "zero",
 ) -> Tapas:
-    """TAPAScore of binarised codes before/after (n_pairs, L) bool for edits added/removed (n_pairs,) int.
+    """TAPAScore of binarised codes before/after (n_pairs, L) bool, dense or scipy.sparse, for edits
+    added/removed (n_pairs,) int.
 
     coalitions: per attribute, the int latent indices matched to it (e.g. `Matching.coalitions`).
     empty: how a pair with an empty coalition counts (module docstring): "zero" (published) or "skip".
-    Vectorised over pairs: each pair's coalitions become rows of an (n_pairs, L) bool mask.
+    Vectorised over the active entries of the codes (`_coalition_on`); dense and sparse codes give the same result.
     """
     if empty not in ("zero", "skip"):
         raise ValueError(f"empty: expected 'zero' or 'skip', got {empty!r}")
-    _check_codes(before, after)
+    before, after = _check_codes(before, after)
     n_pairs, n_latents = before.shape
     member = _membership(coalitions, n_latents)
     _check_attribute_index("added", added, n_pairs, member.shape[0])
     _check_attribute_index("removed", removed, n_pairs, member.shape[0])
-    add, rem = _edit_sets(member, added, removed)
-    nonempty_add, nonempty_rem = add.any(axis=1), rem.any(axis=1)
-    d_add = _coalition_on(after, add) - _coalition_on(before, add)
-    d_rem = _coalition_on(after, rem) - _coalition_on(before, rem)
+    nonempty_add, nonempty_rem = _nonempty(member, added, removed)
+    add_after, rem_after = _coalition_on(after, member, added, removed)
+    add_before, rem_before = _coalition_on(before, member, added, removed)
+    d_add, d_rem = add_after - add_before, rem_after - rem_before
     # "zero": every pair is a term (an empty coalition's delta is 0 already: `_coalition_on` of an empty set)
     has_add, has_rem = (nonempty_add, nonempty_rem) if empty == "skip" else (np.ones(n_pairs, bool),) * 2
     mean_add = float(d_add[has_add].mean()) if has_add.any() else Undefined("no pair adds an attribute with a coalition")
@@ -137,8 +168,8 @@ def tapascore(
 
 
 def delta_stay(
-    before: np.ndarray,
-    after: np.ndarray,
+    before: Active,
+    after: Active,
     present: np.ndarray,
     added: np.ndarray,
     removed: np.ndarray,
@@ -146,13 +177,13 @@ def delta_stay(
 ) -> float:
     """Delta-stay: mean |delta| over attributes present in x and not part of the edit (leakage).
 
-    before, after: (n_pairs, L) bool; present: (n_pairs, A) bool, attributes present in the base
-    image x; added, removed: (n_pairs,) int (-1 = none); coalitions: A int arrays.
+    before, after: (n_pairs, L) bool, dense or scipy.sparse; present: (n_pairs, A) bool, attributes present in the
+    base image x; added, removed: (n_pairs,) int (-1 = none); coalitions: A int arrays.
     delta for attribute a = max over a's full coalition of bin(z') - the same for bin(z). Entries
     whose coalition is empty are skipped. Returns NaN (logged) when no (pair, attribute) entry
     qualifies. Lower is better: 0 = nothing outside the edit moved.
     """
-    _check_codes(before, after)
+    before, after = _check_codes(before, after)
     n_pairs, n_latents = before.shape
     member = _membership(coalitions, n_latents)
     n_attr = member.shape[0]
@@ -162,15 +193,15 @@ def delta_stay(
         raise ValueError(f"present: expected shape ({n_pairs}, {n_attr}) (pairs, attributes), got {present.shape}")
     _check_attribute_index("added", added, n_pairs, n_attr)
     _check_attribute_index("removed", removed, n_pairs, n_attr)
-    member_f = member.T.astype(np.float32)
-    on_before = (before.astype(np.float32) @ member_f) > 0
-    on_after = (after.astype(np.float32) @ member_f) > 0
+    member_t = member.T.astype(np.int64)
+    on_before = (before.astype(np.int64) @ member_t).toarray() > 0
+    on_after = (after.astype(np.int64) @ member_t).toarray() > 0
     delta = np.abs(on_after.astype(np.int64) - on_before.astype(np.int64))
     rows = np.arange(n_pairs)
     in_edit = np.zeros((n_pairs, n_attr), dtype=bool)
     in_edit[rows[added >= 0], added[added >= 0]] = True
     in_edit[rows[removed >= 0], removed[removed >= 0]] = True
-    keep = present & ~in_edit & member.any(axis=1)[None, :]
+    keep = present & ~in_edit & (np.diff(member.indptr) > 0)[None, :]
     if not keep.any():
         logger.warning("delta_stay: no present attribute outside the edit has a coalition; returning NaN")
         return Undefined("no present attribute outside the edit has a coalition")

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import numpy as np
 import torch
+from scipy import sparse
 from torch import Tensor, nn
 
 from pipeline.settings import settings
@@ -59,12 +60,38 @@ def array_io(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def tensor_csr(codes: Tensor) -> sparse.csr_array:
+    """A dense (b, L) tensor of codes on any device as a float32 CSR array on the CPU: the non-zeros are found on
+    the device (`torch.nonzero` is row-major, so column indices come out ascending) and only they cross to the host."""
+    codes = codes.detach()
+    b, n_cols = codes.shape
+    where = torch.nonzero(codes)
+    values = codes[where[:, 0], where[:, 1]].float().cpu().numpy()
+    rows, columns = where[:, 0].cpu().numpy(), where[:, 1].cpu().numpy().astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=b))]).astype(np.int64)
+    return sparse.csr_array((values, columns, indptr), shape=(b, n_cols))
+
+
+def half_axes(codes: sparse.csr_array) -> sparse.csr_array:
+    """Signed sparse codes (b, L) as non-negative half-axis latents (b, 2 L): `SparseModel.latents` on CSR (column i
+    holds max(c_i, 0), column L + i holds max(-c_i, 0)); indices stay ascending within a row."""
+    n_rows, n_cols = codes.shape
+    columns = codes.indices.astype(np.int64) + np.where(codes.data < 0, n_cols, 0)
+    rows = np.repeat(np.arange(n_rows), np.diff(codes.indptr))
+    out = sparse.csr_array((np.abs(codes.data).astype(np.float32), (rows, columns)), shape=(n_rows, 2 * n_cols))
+    out.sort_indices()
+    return out
+
+
 class SparseModel(nn.Module):
     """Base class. Subclasses set `method`, `signed`, their `Options`, and implement encode/decode/training_loss."""
 
     method: ClassVar[str] = ""
     signed: ClassVar[bool] = False
     trainable: ClassVar[bool] = True
+    #: whether training may run the forward pass under bfloat16 autocast (`TrainSettings.precision`); the rotation
+    #: models say no (their matrix exponential / Cayley map and exact invertibility need float32)
+    autocast_safe: ClassVar[bool] = True
     #: training progress at which a curriculum reaches its target (0: the model has none; see CEDAR)
     curriculum_end: float = 0.0
 
@@ -130,6 +157,22 @@ class SparseModel(nn.Module):
         if not self.signed:
             return codes
         return torch.cat([codes.clamp(min=0), (-codes).clamp(min=0)], dim=1)
+
+    @torch.no_grad()
+    def sparse_latents(self, x: Tensor | np.ndarray, k: int | None = None, batch_size: int = 4096) -> sparse.csr_array:
+        """`latents(encode(x, k))` as a float32 CSR array (n, n_half_latents) on the CPU, encoded in batches on the
+        model's device: a k-sparse code never exists densely for more than one batch."""
+        tensor = next(iter(self.parameters()), None)
+        tensor = tensor if tensor is not None else next(iter(self.buffers()), None)
+        device = tensor.device if tensor is not None else torch.device("cpu")
+        blocks = []
+        for start in range(0, len(x), batch_size):
+            xb = torch.as_tensor(np.asarray(x[start : start + batch_size]), dtype=torch.float32, device=device)
+            codes = tensor_csr(self.encode(xb, k))
+            blocks.append(half_axes(codes) if self.signed else codes)
+        if not blocks:
+            return sparse.csr_array((0, self.n_half_latents), dtype=np.float32)
+        return sparse.csr_array(sparse.vstack(blocks, format="csr"))
 
     @property
     def n_half_latents(self) -> int:

@@ -75,6 +75,7 @@ class RotationModel(SparseModel):
 
     signed = True
     trainable = False
+    autocast_safe = False  # the orthogonal map and exact invertibility need float32 (`SparseModel.autocast_safe`)
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         if n_latents != d:

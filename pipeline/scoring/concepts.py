@@ -1,4 +1,4 @@
-"""Concept-level evaluation of one sparse model against its sanity-check baselines (no I/O).
+"""Concept-level evaluation of one sparse model against its sanity-check baselines (no I/O of its own).
 
 For a trained model, its untrained twin (same method, size, seed; data-dependent init only,
 same sparsifier) and random codes, on data with binary attribute labels:
@@ -12,6 +12,14 @@ same sparsifier) and random codes, on data with binary attribute labels:
 - CKNNA between latent codes and the embeddings, FMS of the codes against the attributes,
   and the linear-probe cross-entropy/KL of reconstructions (one probe per attribute family).
 
+Sizes (what memory grows with): codes are sparse everywhere (`pipeline.scoring.codes`: read from the code sets
+the evaluation wrote, a CSR of the rows asked for). The coalitions are fitted on at most `max_match_rows` training
+rows (their codes and labels in memory); the held-out MATCHScores and the probes stream over every test row in
+blocks of `batch_size`; FMS and CKNNA, defined on subsamples, use a seeded subsample ("pool") of at most
+`max_test_rows` test rows of the kind (FMS draws its balanced rows per concept from it, at most `fms_max_n` each;
+CKNNA at most `cknna_max_n` of them, the O(n^2) kernels). With the defaults and a test split of up to 20,000 rows
+per kind the pool is the whole split, as before this bound existed.
+
 Binarisation: a latent is active when its non-negative activation exceeds `evaluate.active_threshold` (the
 published 1e-8 by default; 0 is an option); CEDAR and rotation models are seen through their half-axis view
 (`SparseModel.latents`). Conventions that differ between the published evaluation code and our earlier choices
@@ -19,27 +27,31 @@ are settings with the published one as default: the binarisation threshold, TAPA
 (`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`); the report states the ones in use.
 
 Random codes: each latent fires independently with the trained model's activation frequency on
-the matching rows, magnitude 1, seeded; before/after images of a pair get independent draws, so
-their TAPAScore is 0 in expectation.
+the matching rows, magnitude 1 (`pipeline.scoring.codes.RandomCodes`, one seeded stream per row set); before/after
+images of a pair get independent draws, so their TAPAScore is 0 in expectation.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
-import torch
 from pydantic import Field, Strict, model_validator
+from scipy import sparse
 
-from pipeline.metrics.cknna import cknna
+from pipeline.metrics.cknna import cknna, cknna_subsample
+from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
-from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_f1, fbmp, nan_mean, one_to_one
+from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
 from pipeline.metrics.probe import fit_probe, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
-from pipeline.models.base import SparseModel
+from pipeline.scoring.codes import RandomCodes
 from pipeline.settings import NonNegativeFloat, PositiveFloat, PositiveInt, settings
+from pipeline.training.device import Device
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +61,13 @@ class EvaluateSettings:
     """How every grid cell is evaluated (params.yaml `evaluate:`).
 
     ks: K values of the FVU-vs-K curve (rotations re-sparsify at each; SAEs use their own k). batch_size: rows
-    per encoding batch. betas / match_ks: the FBMP rules reported (F_beta of the residual; coalition sizes); the
+    per encoding batch and per streamed block of held-out scoring. device: where the models encode ("auto": cuda
+    when present); evaluation stays in float32. betas / match_ks: the FBMP rules reported (F_beta of the residual; coalition sizes); the
     recommended protocol is beta 0.5, k 3, which TAPAScore uses (tapas_beta, tapas_k). max_match_rows:
     training-split rows used to fit coalitions (subsampled with the seed). cknna_k: neighbours per row of CKNNA;
-    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees.
+    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees. max_test_rows: the
+    seeded subsample of a kind's test rows (the pool) that FMS and CKNNA draw from (the module docstring lists what
+    memory grows with).
     Conventions (published default first, `pipeline.metrics` documents each): active_threshold: a latent is active
     above it (1e-8; 0 = any positive activation). tapas_empty: a pair whose coalition is empty counts as 0
     ("zero") or is left out ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p).
@@ -69,6 +84,8 @@ class EvaluateSettings:
     cknna_k: PositiveInt = 10
     cknna_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
     fms_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
+    max_test_rows: Annotated[int, Strict(), Field(ge=10)] = 20_000
+    device: Device = "auto"
     active_threshold: NonNegativeFloat = PUBLISHED_THRESHOLD
     tapas_empty: Literal["zero", "skip"] = "zero"
     fms_removals: tuple[PositiveInt, ...] = PUBLISHED_REMOVALS
@@ -85,62 +102,68 @@ class EvaluateSettings:
         return self
 
 
+class CodeSource(Protocol):
+    """Codes of a row set, read by row: a code set on disk (`CodeSet`), in memory (`ArrayCodes`) or random."""
+
+    def codes(self, rows: np.ndarray) -> sparse.csr_array:
+        """CSR (len(rows), L) of the non-negative latent activations of these rows (any order)."""
+        ...
+
+
 @dataclass
 class ConceptData:
-    """Embeddings and labels the concept metrics need (all numpy, rows aligned)."""
+    """One kind's rows and labels for the concept metrics: row ids and readers, never whole splits in memory.
 
-    x_match: np.ndarray  # float32 (n1, d): matching rows (training split)
-    y_match: np.ndarray  # bool (n1, A)
-    x_test: np.ndarray  # float32 (n2, d)
-    y_test: np.ndarray  # bool (n2, A)
-    families: dict[str, list[int]]  # one-hot attribute families (linear-probe targets); {} = no probe
-    pairs_before: np.ndarray  # float32 (p, d)
-    pairs_after: np.ndarray  # float32 (p, d)
-    pairs_present: np.ndarray  # bool (p, A) attributes of the base image
-    pairs_added: np.ndarray  # int64 (p,), -1 = none
-    pairs_removed: np.ndarray  # int64 (p,)
+    match_rows: int64 (n1,) training rows the coalitions are fitted on (subsampled, ascending). test_rows: int64
+    (n2,) every test row of the kind (held-out scores stream over them). pool_rows: int64 (n3,) the seeded
+    subsample of test_rows for FMS and CKNNA. labels(rows) -> bool (len, A) the kind's label columns;
+    embeddings(rows) -> float32 (len, d). families: one-hot attribute families (probe targets; {} = no probe).
+    pair_ids: int64 (p,) the kind's intervention pairs; pairs_present bool (p, A) attributes of the base image,
+    pairs_added / pairs_removed int64 (p,) kind-local columns (-1 = none).
+    """
+
+    match_rows: np.ndarray
+    test_rows: np.ndarray
+    pool_rows: np.ndarray
+    labels: Callable[[np.ndarray], np.ndarray]
+    embeddings: Callable[[np.ndarray], np.ndarray]
+    families: dict[str, list[int]]
+    pair_ids: np.ndarray
+    pairs_present: np.ndarray
+    pairs_added: np.ndarray
+    pairs_removed: np.ndarray
+
+    @cached_property
+    def y_match(self) -> np.ndarray:
+        return self.labels(self.match_rows)
+
+    @cached_property
+    def y_pool(self) -> np.ndarray:
+        return self.labels(self.pool_rows)
 
 
 @dataclass
-class Codes:
-    """Non-negative latent activations of one variant on every row set."""
+class VariantCodes:
+    """One variant's codes (trained, untrained, random) on the kind's row sets; `probe`: its probe scores on the
+    test rows (streamed while encoding them; None for random codes, which reconstruct nothing)."""
 
-    match: np.ndarray
-    test: np.ndarray
-    before: np.ndarray
-    after: np.ndarray
-    reconstruction_test: np.ndarray | None = None  # (n2, d) or None for random codes
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@torch.no_grad()
-def model_codes(model: SparseModel, data: ConceptData, batch_size: int = 4096) -> Codes:
-    """Latent activations (half-axis view for signed models) and test reconstructions of `model`."""
-    model.eval()
-
-    def latents(x: np.ndarray) -> np.ndarray:
-        out = []
-        for start in range(0, len(x), batch_size):
-            xb = torch.as_tensor(x[start : start + batch_size], dtype=torch.float32)
-            out.append(model.latents(model.encode(xb)).numpy())
-        return np.concatenate(out) if out else np.zeros((0, model.n_half_latents), np.float32)
-
-    x_test = torch.as_tensor(data.x_test, dtype=torch.float32)
-    return Codes(
-        match=latents(data.x_match), test=latents(data.x_test), before=latents(data.pairs_before), after=latents(data.pairs_after),
-        reconstruction_test=model(x_test).numpy(),
-    )
+    match: CodeSource
+    test: CodeSource
+    before: CodeSource
+    after: CodeSource
+    probe: dict[str, float] | None = None
 
 
-def random_codes(frequency: np.ndarray, data: ConceptData, seed: int) -> Codes:
-    """Codes whose latents fire independently with `frequency` (L,), magnitude 1, ignoring the input."""
-    rng = np.random.default_rng(seed)
+def random_variant(frequency: np.ndarray, seed: int) -> VariantCodes:
+    """Random codes whose latents fire independently with `frequency` (L,), magnitude 1, ignoring the input; one
+    seeded stream per row set."""
+    match, test, before, after = (RandomCodes(np.asarray(frequency, dtype=np.float64), seed, stream) for stream in range(4))
+    return VariantCodes(match, test, before, after)
 
-    def draw(n: int) -> np.ndarray:
-        return (rng.random((n, len(frequency))) < frequency).astype(np.float32)
 
-    return Codes(match=draw(len(data.x_match)), test=draw(len(data.x_test)),
-                 before=draw(len(data.pairs_before)), after=draw(len(data.pairs_after)))
+def blocks(rows: np.ndarray, size: int) -> list[np.ndarray]:
+    """`rows` in consecutive blocks of at most `size`."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def prefix_scores(active: np.ndarray, labels: np.ndarray, matching: Matching, ks: tuple[int, ...]) -> dict[int, float]:
@@ -148,83 +171,119 @@ def prefix_scores(active: np.ndarray, labels: np.ndarray, matching: Matching, ks
     return {k: nan_mean(coalition_f1(active, labels, [c[:k] for c in matching.coalitions])) for k in ks}
 
 
-def matching_scores(codes: Codes, data: ConceptData, settings: EvaluateSettings) -> tuple[dict[str, Any], Matching]:
-    """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching."""
-    active, active_test = binarise(codes.match, settings.active_threshold), binarise(codes.test, settings.active_threshold)
+def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> tuple[dict[str, Any], Matching]:
+    """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching. The held-out
+    scores stream over the test rows in blocks, summing each coalition's counts (`coalition_counts`)."""
+    active = binarise(codes.match.codes(data.match_rows), settings.active_threshold)
+    tp = tp_counts(active, data.y_match)  # every rule's first step: computed once
     scores: dict[str, Any] = {}
+    coalitions: dict[tuple[str, int], list[np.ndarray]] = {}
     tapas_matching = None
     for beta in settings.betas:
-        m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks))
-        scores[f"fbmp_b{beta:g}"] = {
-            "match": prefix_scores(active, data.y_match, m, settings.match_ks),
-            "test": prefix_scores(active_test, data.y_test, m, settings.match_ks),
-        }
+        rule = f"fbmp_b{beta:g}"
+        m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks), tp=tp)
+        scores[rule] = {"match": prefix_scores(active, data.y_match, m, settings.match_ks)}
+        coalitions.update({(rule, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
-    o = one_to_one(active, data.y_match)
-    scores["one_to_one"] = {"match": o.score, "test": nan_mean(coalition_f1(active_test, data.y_test, o.coalitions))}
+    o = one_to_one(active, data.y_match, tp=tp)
+    scores["one_to_one"] = {"match": o.score}
+    coalitions[("one_to_one", 0)] = o.coalitions
+    counts = {key: np.zeros((3, data.y_match.shape[1]), np.int64) for key in coalitions}
+    for block in blocks(data.test_rows, settings.batch_size):
+        active_test, y_test = binarise(codes.test.codes(block), settings.active_threshold), data.labels(block)
+        for key, sets in coalitions.items():
+            counts[key] += coalition_counts(active_test, y_test, sets)
+    for beta in settings.betas:  # every rule sees the same test labels: one warning about undefined attributes
+        rule = f"fbmp_b{beta:g}"
+        scores[rule]["test"] = {k: nan_mean(counts_f1(counts[(rule, k)], warn=False)) for k in settings.match_ks}
+    scores["one_to_one"]["test"] = nan_mean(counts_f1(counts[("one_to_one", 0)]))
     if tapas_matching is None:
-        tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k)
+        tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k, tp=tp)
     return scores, tapas_matching
 
 
-def probe_metrics(codes: Codes, data: ConceptData, probes: dict[str, Any]) -> dict[str, float] | None:
-    """Mean over attribute families of the probe CE on originals vs reconstructions, and the KL."""
-    if codes.reconstruction_test is None or not data.families:
-        return None
-    results = []
-    for family, columns in data.families.items():
-        y_test = np.argmax(data.y_test[:, columns], axis=1)
-        results.append(probe_scores(probes[family], data.x_test, codes.reconstruction_test.astype(np.float32), y_test))
-    return {
-        "ce_original": float(np.mean([r.ce_original for r in results])),
-        "ce_reconstruction": float(np.mean([r.ce_reconstruction for r in results])),
-        "kl": float(np.mean([r.kl for r in results])),
-        "accuracy_original": float(np.mean([r.accuracy_original for r in results])),
-        "accuracy_reconstruction": float(np.mean([r.accuracy_reconstruction for r in results])),
-    }
-
-
 def fit_family_probes(data: ConceptData, seed: int) -> dict[str, Any]:
-    """One multinomial probe per one-hot attribute family, fitted on dense matching-split embeddings."""
+    """One multinomial probe per one-hot attribute family, fitted on the dense embeddings of the matching rows."""
     probes = {}
+    x = data.embeddings(data.match_rows) if data.families else None
     for family, columns in data.families.items():
         y = data.y_match[:, columns]
         if not (y.sum(axis=1) == 1).all():
             raise ValueError(f"attribute family {family!r} is not one-hot; the linear probe needs one class per image")
-        probes[family] = fit_probe(data.x_match, np.argmax(y, axis=1), seed=seed)
+        probes[family] = fit_probe(x, np.argmax(y, axis=1), seed=seed)
     return probes
 
 
-def variant_metrics(codes: Codes, data: ConceptData, settings: EvaluateSettings, probes: dict[str, Any], seed: int) -> dict[str, Any]:
+class ProbeStream:
+    """Probe scores of reconstructions streamed over a kind's test rows: `add` each encoded batch (rows of any
+    kind; those of this kind are kept), `result` gives the mean over families of the probe CE on originals and on
+    reconstructions, the KL and both accuracies (each family's mean over the kind's test rows). A test row whose class
+    the probe never saw among the matching rows (rare classes of small datasets) is left out of that family's scores:
+    a probe has no output for it."""
+
+    FIELDS = ("ce_original", "ce_reconstruction", "kl", "accuracy_original", "accuracy_reconstruction")
+
+    def __init__(self, probes: dict[str, Any], data: ConceptData) -> None:
+        self.probes, self.data = probes, data
+        self.sums = {family: np.zeros(len(self.FIELDS)) for family in probes}
+        self.counts = {family: 0 for family in probes}
+
+    def add(self, rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
+        mine = np.isin(rows, self.data.test_rows, assume_unique=True)
+        if not self.probes or not mine.any():
+            return
+        labels = self.data.labels(rows[mine])
+        for family, columns in self.data.families.items():
+            probe = self.probes[family]
+            y = np.argmax(labels[:, columns], axis=1)
+            seen = np.isin(y, probe.classes_)
+            if not seen.any():
+                continue
+            result = probe_scores(probe, x[mine][seen], x_hat[mine][seen].astype(np.float32), y[seen])
+            self.sums[family] += int(seen.sum()) * np.array([getattr(result, f) for f in self.FIELDS])
+            self.counts[family] += int(seen.sum())
+
+    def result(self) -> dict[str, float] | None:
+        scored = [family for family in self.probes if self.counts[family]]
+        if not scored:
+            return None
+        means = np.mean([self.sums[family] / self.counts[family] for family in scored], axis=0)
+        return {f: float(v) for f, v in zip(self.FIELDS, means)}
+
+
+def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
     scores, matching = matching_scores(codes, data, settings)
-    before, after = binarise(codes.before, settings.active_threshold), binarise(codes.after, settings.active_threshold)
-    has_pairs = len(before) > 0
-    tapas = tapascore(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty) if has_pairs else None
-    stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions) if has_pairs else None
-    fms_result = fms(codes.test, data.y_test, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
+    has_pairs = len(data.pair_ids) > 0
+    tapas = stay = None
+    if has_pairs:
+        before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
+        after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
+        tapas = tapascore(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
+        stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions)
+    pool = codes.test.codes(data.pool_rows)
+    fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
+    near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
     return {
         "matching": scores,
         "match_score": scores[f"fbmp_b{settings.tapas_beta:g}"]["match"][settings.tapas_k],
         "tapas": None if tapas is None else {"score": tapas.score, "delta_add": tapas.delta_add, "delta_rem": tapas.delta_rem,
                                              "n_pairs": tapas.n_pairs, "n_add": tapas.n_add, "n_rem": tapas.n_rem},
         "delta_stay": stay,
-        "cknna": cknna(codes.test, data.x_test, k=settings.cknna_k, max_n=settings.cknna_max_n, seed=seed),
+        "cknna": cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None),
         "fms": fms_result.fms,
-        "probe": probe_metrics(codes, data, probes),
+        "probe": codes.probe,
         "coalitions": [c.tolist() for c in matching.coalitions],
     }
 
 
-def concept_metrics(model: SparseModel, twin: SparseModel, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
-    """Every concept metric for the trained model, its untrained twin and random codes, plus the deltas."""
-    probes = fit_family_probes(data, seed)
-    trained_codes = model_codes(model, data)
-    frequency = binarise(trained_codes.match, settings.active_threshold).mean(axis=0)
+def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
+    """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas."""
+    frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
     variants = {
-        "trained": variant_metrics(trained_codes, data, settings, probes, seed),
-        "untrained": variant_metrics(model_codes(twin, data), data, settings, probes, seed),
-        "random": variant_metrics(random_codes(frequency, data, seed), data, settings, probes, seed),
+        "trained": variant_metrics(trained, data, settings, seed),
+        "untrained": variant_metrics(untrained, data, settings, seed),
+        "random": variant_metrics(random_variant(frequency, seed), data, settings, seed),
     }
     trained, untrained = variants["trained"]["matching"], variants["untrained"]["matching"]
     delta = {}

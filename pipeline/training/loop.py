@@ -14,7 +14,8 @@ The loop knows nothing about files or about what it trains. It needs
 Per step: `loss, stats = module.training_loss(batch, progress, generator)`, backward, gradient-norm clipping,
 `before_step()`, AdamW step (weight decay on weight matrices only; with `weight_decay = 0` it is Adam), `after_step()`,
 then the learning-rate schedule (`pipeline.training.schedule.lr_factor`: linear warm-up, cosine decay to
-`min_lr_frac * lr`). `progress` in [0, 1] is the fraction of planned steps done (it drives curricula such as
+`min_lr_frac * lr`). On a GPU, batches are copied from pinned host memory one batch ahead (`prefetched`), and
+`precision: bf16` runs the forward pass and the loss under bfloat16 autocast where the module allows it. `progress` in [0, 1] is the fraction of planned steps done (it drives curricula such as
 CEDAR's dense-to-sparse k without the module knowing the loop); `generator` is seeded per epoch for any
 randomness inside the loss.
 
@@ -32,7 +33,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from pipeline.settings import Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, PositiveOrAuto, settings
-from pipeline.training.device import Device, resolve_device
+from pipeline.training.device import Device, host_to_device, resolve_device
 from pipeline.training.schedule import lr_factor, plan
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,14 @@ class TrainSettings:
     linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
     norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
     with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
-    initialisation sees (means, PCA, thresholds). device: "auto" (cuda when present), "cpu", "cuda[:i]", "mps".
+    initialisation sees (means, PCA, thresholds). val_samples: rows of the validation split a sparse model is
+    validated on after each epoch (a seeded subsample, so validation memory does not grow with the dataset).
+    max_steps: stop after this many optimiser steps in all (None: every batch of every epoch; it wins over
+    min_steps); the schedule spans the steps the run makes, so a fixed budget of steps trains the same way on any
+    dataset size. device: "auto" (cuda when present), "cpu", "cuda[:i]", "mps". precision: "bf16" runs the forward
+    pass and the loss under bfloat16 autocast on a GPU (weights, optimiser state and gradients stay float32; no loss
+    scaling is needed with bfloat16); it is ignored on the CPU and by modules that are not safe in bfloat16
+    (`autocast_safe = False`: the rotation models, whose matrix exponential / Cayley map needs float32).
     Defaults: the published SAE settings (Adam, batch 256; lr 5e-4 at scale) with the budget rule for small data.
     """
 
@@ -75,7 +83,10 @@ class TrainSettings:
     grad_clip: NonNegativeFloat = 1.0
     patience: PositiveInt = 3
     init_samples: PositiveInt = 20_000
+    val_samples: PositiveInt = 20_000
+    max_steps: PositiveInt | None = None
     device: Device = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 class Trainable(Protocol):
@@ -133,15 +144,40 @@ LoadState = Callable[[nn.Module, torch.optim.Optimizer], "tuple[TrainState, dict
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """A batch on `device`: numpy float arrays become float32 tensors, other arrays keep their dtype; tuples and
-    lists are converted element by element."""
+    lists are converted element by element. To a GPU, host memory is pinned and the copy is non-blocking."""
     if isinstance(batch, Tensor):
+        if device.type == "cuda" and batch.device.type == "cpu":
+            return batch.pin_memory().to(device, non_blocking=True)
         return batch.to(device, non_blocking=True)
     if isinstance(batch, np.ndarray):
-        tensor = torch.from_numpy(np.ascontiguousarray(batch))
-        return (tensor.float() if batch.dtype.kind == "f" else tensor).to(device, non_blocking=True)
+        return host_to_device(batch, device)
     if isinstance(batch, (tuple, list)):
         return type(batch)(to_device(part, device) for part in batch)
     raise TypeError(f"batch: expected a tensor, a numpy array or a tuple of them, got {type(batch).__name__}")
+
+
+def prefetched(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    """The batches on `device`, one ahead: the next batch is read (from memory or a store) and its copy to the
+    device issued before the current one is handed out, so on a GPU the transfer overlaps the current step."""
+    source = iter(batches)
+    pending = next(source, None)
+    ready = to_device(pending, device) if pending is not None else None
+    while ready is not None:
+        current = ready
+        pending = next(source, None)
+        ready = to_device(pending, device) if pending is not None else None
+        yield current
+
+
+def use_bf16(module: nn.Module, settings: TrainSettings, device: torch.device) -> bool:
+    """Whether this module trains under bfloat16 autocast: asked for, on a GPU, and safe for the module."""
+    if settings.precision != "bf16":
+        return False
+    if device.type != "cuda" or not getattr(module, "autocast_safe", True):
+        log.info("%s: precision bf16 ignored (%s); training in float32", type(module).__name__,
+                 "not on a GPU" if device.type != "cuda" else "the module is not safe in bfloat16")
+        return False
+    return True
 
 
 def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -173,9 +209,10 @@ def fit(
     name = name or type(module).__name__
     device = resolve_device(settings.device)
     module.to(device)
-    epochs, lr = plan(settings.epochs, settings.min_steps, settings.lr, steps_per_epoch)
+    budget = plan(settings.epochs, settings.min_steps, settings.max_steps, settings.lr, steps_per_epoch)
+    epochs, total, lr = budget.epochs, budget.steps, budget.lr
     optimizer = make_optimizer(module, lr, settings.weight_decay)
-    total = max(1, epochs * steps_per_epoch)
+    bf16 = use_bf16(module, settings, device)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, settings.warmup_frac, settings.min_lr_frac))
     best_weights = copy.deepcopy(module.state_dict())
     state = TrainState()
@@ -196,7 +233,7 @@ def fit(
         for epoch in range(state.epoch, epochs):
             generator.manual_seed(seed * 1_000_003 + epoch)
             record = _epoch(module, batches(epoch), steps_per_epoch, optimizer, schedule, settings, state, total, generator, device,
-                            f"{name} epoch {epoch + 1}/{epochs}")
+                            f"{name} epoch {epoch + 1}/{epochs}", bf16)
             if validation is not None:
                 module.eval()
                 with torch.no_grad():
@@ -219,6 +256,9 @@ def fit(
                 stopped_early = True
                 log.info("%s: early stop after epoch %d (best %d)", name, epoch + 1, state.best_epoch)
                 break
+            if state.step >= total:
+                log.info("%s: step budget of %d steps reached in epoch %d", name, total, epoch + 1)
+                break
     if monitor is None:
         state.best_epoch = state.epoch
     elif state.best_epoch > 0 and state.best_epoch != state.epoch:
@@ -230,15 +270,22 @@ def fit(
 
 def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: torch.optim.Optimizer, schedule: Any,
            settings: TrainSettings, state: TrainState, total: int, generator: torch.Generator, device: torch.device,
-           desc: str) -> dict[str, float]:
-    """One pass over `batches`; returns the epoch means of the loss and stats ("train_<name>") and the last lr."""
+           desc: str, bf16: bool = False) -> dict[str, float]:
+    """One pass over `batches` (or up to the step budget `total`); returns the epoch means of the loss and stats
+    ("train_<name>") and the last lr."""
     sums: dict[str, Tensor] = {}  # summed on the device; read back once per epoch (and for the progress bar)
     n_batches = 0
-    bar = tqdm(batches, total=steps, desc=desc, leave=False, disable=None)
+    finite = torch.ones((), dtype=torch.bool, device=device)  # all losses so far finite (kept on the device)
+    bar = tqdm(prefetched(batches, device), total=min(steps, total - state.step), desc=desc, leave=False, disable=None)
     for batch in bar:
-        loss, stats = module.training_loss(to_device(batch, device), min(1.0, state.step / total), generator)  # type: ignore[operator]
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{desc}: loss became {float(loss)} at step {state.step}; lower the learning rate")
+        if state.step >= total:
+            break
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, stats = module.training_loss(batch, min(1.0, state.step / total), generator)  # type: ignore[operator]
+        finite &= torch.isfinite(loss.detach())
+        # reading the flag back synchronises with the device: every step on the CPU, every 20 steps on a GPU
+        if (device.type == "cpu" or state.step % 20 == 0) and not bool(finite):
+            raise FloatingPointError(f"{desc}: loss became non-finite ({float(loss)}) by step {state.step}; lower the learning rate")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if settings.grad_clip > 0:
@@ -253,6 +300,8 @@ def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: tor
             sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float()
         if n_batches % 20 == 1:
             bar.set_postfix({key: f"{float(value) / n_batches:.4g}" for key, value in sums.items()})
+    if not bool(finite):
+        raise FloatingPointError(f"{desc}: loss became non-finite by step {state.step}; lower the learning rate")
     record = {f"train_{key}": float(value) / max(n_batches, 1) for key, value in sums.items()}
     record["lr"] = float(optimizer.param_groups[0]["lr"])
     return record

@@ -1,7 +1,7 @@
 """How long and how fast every training run goes: the step budget, the learning rate, and its schedule.
 
 The budget rule (`plan`): a run makes max(epochs x steps per epoch, min_steps) optimiser steps, rounded up to whole
-epochs, so a small data set is not left under-trained by an epoch count meant for millions of rows; with
+epochs (or `max_steps`, when set and smaller), so a small data set is not left under-trained by an epoch count meant for millions of rows; with
 `lr: auto` the peak learning rate is 0.5 / sqrt(total steps), clipped to [5e-4, 1e-2]. Adam moves each weight by
 about lr per step, so a short run needs a larger step and a long one a smaller: 2,000 steps give 1e-2, and the
 published SAE rate 5e-4 is reached at a million steps (about 200 ImageNet epochs at batch 256). Measured on planted
@@ -13,6 +13,7 @@ above it (bench/bench_training_budget.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def lr_factor(step: int, total: int, warmup_frac: float, min_lr_frac: float) -> float:
@@ -32,10 +33,23 @@ def lr_factor(step: int, total: int, warmup_frac: float, min_lr_frac: float) -> 
 LR_SCALE, LR_MIN, LR_MAX = 0.5, 5e-4, 1e-2
 
 
-def plan(epochs: int, min_steps: int, lr: float | str, steps_per_epoch: int) -> tuple[int, float]:
-    """(epochs to run, peak learning rate) by the budget rule of the module docstring."""
+@dataclass(frozen=True)
+class Plan:
+    """A run's budget: `epochs` started (the last one may stop at `steps`), `steps` optimiser steps in all (what the
+    learning-rate schedule spans), peak learning rate `lr`."""
+
+    epochs: int
+    steps: int
+    lr: float
+
+
+def plan(epochs: int, min_steps: int, max_steps: int | None, lr: float | str, steps_per_epoch: int) -> Plan:
+    """The budget by the rule of the module docstring; a `max_steps` cap wins over `min_steps`."""
     steps_per_epoch = max(1, steps_per_epoch)
     epochs = max(epochs, math.ceil(min_steps / steps_per_epoch))
+    steps = epochs * steps_per_epoch
+    if max_steps is not None and max_steps < steps:
+        steps, epochs = max_steps, math.ceil(max_steps / steps_per_epoch)
     if lr == "auto":
-        lr = min(LR_MAX, max(LR_MIN, LR_SCALE / math.sqrt(epochs * steps_per_epoch)))
-    return epochs, float(lr)
+        lr = min(LR_MAX, max(LR_MIN, LR_SCALE / math.sqrt(steps)))
+    return Plan(epochs, steps, float(lr))
