@@ -18,7 +18,7 @@ from pipeline.data.dataset import Dataset, edit_text, open_dataset
 from pipeline.paths import Layout
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
-from pipeline.report.tables import best_runs, conventions, example_table, latent_browser, rates_table, report_images, separation
+from pipeline.report.tables import best_runs, conventions, example_table, family_separation, latent_browser, rates_table, report_images, separation
 from pipeline.report.thumbnails import png_data_uri
 from stages._cli import code_digest, exit_with, parser, run_main
 
@@ -115,6 +115,7 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         rates=rates,
         images=thumbnails(data, *report_images(browser, examples)),
         separation={kind: separation(runs, kind) for kind in data.kinds},
+        family_separation={kind: family_separation(runs, kind, encoder["zero_shot"]) for kind in data.kinds},
         conventions=conventions(params.evaluate),
     )
     html = render(report)

@@ -33,6 +33,9 @@ def test_repro_writes_a_report_with_sane_metrics(repro):
     assert all(trained[a] >= trained[b] - 1e-9 for a, b in zip(ks, ks[1:])), f"FVU must fall as k grows: {trained}"
     metrics = json.loads((repro / "store" / "eval" / "topk-32-4" / "metrics.json").read_text())
     assert 0 < metrics["trained"]["fvu"] < 1 and metrics["trained"]["l0"] <= 4 + 1e-9
+    tapas = metrics["concepts"]["objects"]["trained"]["tapas"]
+    assert sum(f["n_pairs"] for f in tapas["families"].values()) == tapas["n_pairs"], "every pair counts in its edited family"
+    assert "TAPAScore per edited family" in html
     encoder = json.loads((repro / "store" / "metrics" / "encoder.json").read_text())
     assert encoder["zero_shot_mean"] > encoder["chance_mean"]
     assert 'id="explanations"' in html and 'id="latents"' in html

@@ -12,6 +12,7 @@ from pipeline.report.tables import (
     best_score,
     conventions,
     example_table,
+    family_separation,
     latent_browser,
     rates_table,
     report_images,
@@ -73,6 +74,29 @@ def test_separation_counts_runs_where_trained_beats_both_baselines() -> None:
     assert (rows["CKNNA"]["above"], rows["CKNNA"]["separates"]) == (0, False)  # ties are not above
     assert rows["FMS"]["runs"] == 0 and not rows["FMS"]["separates"]  # undefined everywhere: nothing counted
     assert separation(runs[:1], "objects")[0]["separates"]
+
+
+def family_record(run: str, scores: dict[str, tuple[float | None, float, float]]) -> dict:
+    """A run whose TAPAScore per family is (trained, untrained, random)."""
+    variants = {v: {"tapas": {"score": 0.0, "families": {f: {"score": s[i]} for f, s in scores.items()}}} for i, v in
+                enumerate(("trained", "untrained", "random"))}
+    return {"run": run, "method": "m", "concepts": {"objects": variants}}
+
+
+def test_family_separation_by_hand_with_the_reason_for_each_family_that_does_not_separate() -> None:
+    runs = [family_record("a", {"colour": (1.0, 0.2, 0.0), "shape": (0.1, 0.3, 0.0), "size": (0.5, 0.4, 0.6), "top": (None, 0.1, 0.0)}),
+            family_record("b", {"colour": (0.8, 0.4, 0.1), "shape": (0.3, 0.1, 0.0), "size": (0.9, 0.4, 0.0), "top": (None, 0.0, 0.0)})]
+    zero_shot = {"colour": {"accuracy": 1.0, "chance": 0.25}, "shape": {"accuracy": 0.3, "chance": 1 / 6}, "size": {"accuracy": 0.9, "chance": 1 / 3}}
+    rows = {row["family"]: row for row in family_separation(runs, "objects", zero_shot)}
+    assert list(rows) == ["colour", "shape", "size", "top"]
+    colour = rows["colour"]
+    assert (colour["above"], colour["runs"], colour["separates"], colour["why"]) == (2, 2, True, "")
+    assert colour["trained"] == pytest.approx(0.9) and colour["untrained"] == pytest.approx(0.3) and colour["random"] == pytest.approx(0.05)
+    assert (rows["shape"]["above"], rows["shape"]["separates"]) == (1, False)  # 1/2 < 80%
+    assert rows["shape"]["why"].startswith("the encoder barely sees it (zero-shot accuracy 0.30, chance 0.17)")
+    assert (rows["size"]["above"], rows["size"]["separates"]) == (1, False)  # run a: random codes score higher
+    assert rows["size"]["why"].startswith("the encoder sees it (zero-shot accuracy 0.90)")
+    assert (rows["top"]["runs"], rows["top"]["trained"], rows["top"]["why"]) == (0, None, "no run matched a latent to its edited attributes")
 
 
 def test_conventions_name_every_deviation_from_the_published_defaults() -> None:

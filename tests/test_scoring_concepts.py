@@ -66,7 +66,7 @@ def toy(n: int = 600, seed: int = 0) -> tuple[ConceptData, np.ndarray, np.ndarra
     data = ConceptData(
         match_rows=rows[: n // 2], test_rows=rows[n // 2 :], pool_rows=rows[n // 2 :], labels=lambda r: y[r], embeddings=lambda r: x[r],
         families={"f": [0, 1, 2, 3]}, pair_ids=np.arange(40), pairs_present=before > 0,
-        pairs_added=(np.arange(40) + 1) % 4, pairs_removed=np.arange(40) % 4,
+        pairs_added=(np.arange(40) + 1) % 4, pairs_removed=np.arange(40) % 4, pairs_family=np.array(["f"] * 40),
     )
     return data, x, np.stack([before, after])
 
@@ -80,6 +80,24 @@ def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes: 
     pair_ids = np.arange(len(pairs[0]))
     return VariantCodes(every, every, ArrayCodes(pair_ids, model.sparse_latents(pairs[0])), ArrayCodes(pair_ids, model.sparse_latents(pairs[1])),
                         stream.result())
+
+
+def test_tapascore_per_edited_family_by_hand():
+    """Pairs of family "moved" follow their edit (TAPAScore 2 each, the identity's aligned axes); pairs of family
+    "frozen" have after = before (0 each): the families score 2 and 0, all pairs together their mean, 1."""
+    from dataclasses import replace
+
+    data, x, pairs = toy()
+    frozen = np.arange(40) % 2 == 1
+    pairs[1][frozen] = pairs[0][frozen]
+    data = replace(data, pairs_family=np.where(frozen, "frozen", "moved"))
+    model = build("identity", 4, 4, 1)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    probes = fit_family_probes(data, seed=0)
+    settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
+    tapas = concept_metrics(variant(model, data, x, pairs, probes), variant(model, data, x, pairs, probes), data, settings, seed=0)["trained"]["tapas"]
+    assert tapas["score"] == pytest.approx(1.0) and tapas["n_pairs"] == 40
+    assert {f: (v["score"], v["n_pairs"]) for f, v in tapas["families"].items()} == {"moved": (2.0, 20), "frozen": (0.0, 20)}
 
 
 def test_aligned_axes_match_perfectly_and_respond_to_edits():

@@ -32,6 +32,7 @@ class ReportData:
     rates: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # `rates_table(...)`: kind -> one row per run
     images: dict[str, str] = field(default_factory=dict)  # thumbnail key ("r12": dataset row, "p3b"/"p3a": pair) -> PNG data URI
     separation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> `tables.separation(...)`
+    family_separation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> `tables.family_separation(...)`
     conventions: list[dict[str, Any]] = field(default_factory=list)  # `tables.conventions(...)`
 
 

@@ -2,7 +2,8 @@
 
 - choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run), `best_run`;
 - the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`;
-- the sanity check in numbers (`separation`) and the evaluation conventions in use (`conventions`).
+- the sanity check in numbers (`separation`, per edited family `family_separation`) and the evaluation conventions
+  in use (`conventions`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,47 @@ def separation(runs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
             counted += 1
             above += trained > max(untrained, random)
         out.append({"metric": title, "runs": counted, "above": above, "separates": bool(counted) and above >= 0.8 * counted})
+    return out
+
+
+#: zero-shot accuracy below which the report says the encoder barely sees a family
+SEEN_ACCURACY = 0.7
+
+
+def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per family the intervention pairs of `kind` edit: in how many runs the trained codes' TAPAScore on that
+    family's pairs is above both the untrained twin's and random codes' (runs where a value is undefined are not
+    counted), the mean of each over the counted runs, the encoder's zero-shot accuracy on the family when known, and,
+    for a family that does not separate (`separates` as in `separation`), the likeliest reason in words."""
+    families = sorted({f for m in runs for f in ((m["concepts"][kind]["trained"].get("tapas") or {}).get("families") or {})})
+    out = []
+    for family in families:
+        values = []
+        for metrics in runs:
+            scores = [((metrics["concepts"][kind][v].get("tapas") or {}).get("families") or {}).get(family, {}).get("score")
+                      for v in ("trained", "untrained", "random")]
+            if all(isinstance(x, (int, float)) and not math.isnan(x) for x in scores):
+                values.append(scores)
+        counted, above = len(values), sum(t > max(u, r) for t, u, r in values)
+        means = [json_number(m) for m in np.mean(values, axis=0)] if values else [None] * 3
+        seen = zero_shot.get(family, {})
+        accuracy, chance = (None if seen.get(key) is None else json_number(seen[key]) for key in ("accuracy", "chance"))
+        separates = bool(counted) and above >= 0.8 * counted
+        if separates:
+            why = ""
+        elif not counted:
+            why = "no run matched a latent to its edited attributes"
+        elif accuracy is not None and accuracy < SEEN_ACCURACY:
+            why = (f"the encoder barely sees it (zero-shot accuracy {accuracy:.2f}, chance {chance:.2f}): no sparse code of "
+                   "the embedding can follow an edit the embedding does not show")
+        elif accuracy is not None:
+            why = (f"the encoder sees it (zero-shot accuracy {accuracy:.2f}), but the latents matched to its values follow "
+                   "its edits no more than the untrained twin's or random codes")
+        else:
+            why = "the latents matched to its values follow its edits no more than the untrained twin's or random codes"
+        out.append({"family": family, "runs": counted, "above": above, "trained": means[0], "untrained": means[1],
+                    "random": means[2], "zero_shot": accuracy,
+                    "separates": separates, "why": why})
     return out
 
 

@@ -102,7 +102,7 @@ def concept_data(inputs: CellInputs, kind: str, settings: EvaluateSettings, seed
         labels=lambda rows: data.labels(rows)[:, columns], embeddings=store.take,
         families={f: [c - first for c in cols] for f, cols in data.families(kind).items()} if data.one_hot(kind) else {},
         pair_ids=which, pairs_present=pairs.before_attributes[which][:, columns], pairs_added=local(pairs.added[which]),
-        pairs_removed=local(pairs.removed[which]),
+        pairs_removed=local(pairs.removed[which]), pairs_family=np.asarray(pairs.family, dtype=str)[which],
     )
 
 

@@ -119,7 +119,8 @@ class ConceptData:
     subsample of test_rows for FMS and CKNNA. labels(rows) -> bool (len, A) the kind's label columns;
     embeddings(rows) -> float32 (len, d). families: one-hot attribute families (probe targets; {} = no probe).
     pair_ids: int64 (p,) the kind's intervention pairs; pairs_present bool (p, A) attributes of the base image,
-    pairs_added / pairs_removed int64 (p,) kind-local columns (-1 = none).
+    pairs_added / pairs_removed int64 (p,) kind-local columns (-1 = none); pairs_family str (p,) the family each pair
+    edits (TAPAScore is also reported per family).
     """
 
     match_rows: np.ndarray
@@ -132,6 +133,7 @@ class ConceptData:
     pairs_present: np.ndarray
     pairs_added: np.ndarray
     pairs_removed: np.ndarray
+    pairs_family: np.ndarray
 
     @cached_property
     def y_match(self) -> np.ndarray:
@@ -252,6 +254,13 @@ class ProbeStream:
         return {f: float(v) for f, v in zip(self.FIELDS, means)}
 
 
+def tapas_record(before: Any, after: Any, added: np.ndarray, removed: np.ndarray, coalitions: list[np.ndarray],
+                 empty: str) -> dict[str, Any]:
+    """TAPAScore of these pairs as a record: score, both means and the pair counts."""
+    t = tapascore(before, after, added, removed, coalitions, empty)
+    return {"score": t.score, "delta_add": t.delta_add, "delta_rem": t.delta_rem, "n_pairs": t.n_pairs, "n_add": t.n_add, "n_rem": t.n_rem}
+
+
 def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
     scores, matching = matching_scores(codes, data, settings)
     has_pairs = len(data.pair_ids) > 0
@@ -259,7 +268,12 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     if has_pairs:
         before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
         after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
-        tapas = tapascore(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
+        tapas = tapas_record(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
+        tapas["families"] = {
+            str(family): tapas_record(before[edits], after[edits], data.pairs_added[edits], data.pairs_removed[edits],
+                                      matching.coalitions, settings.tapas_empty)
+            for family in np.unique(data.pairs_family) for edits in [np.flatnonzero(data.pairs_family == family)]
+        }
         stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions)
     pool = codes.test.codes(data.pool_rows)
     fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
@@ -267,8 +281,7 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     return {
         "matching": scores,
         "match_score": scores[f"fbmp_b{settings.tapas_beta:g}"]["match"][settings.tapas_k],
-        "tapas": None if tapas is None else {"score": tapas.score, "delta_add": tapas.delta_add, "delta_rem": tapas.delta_rem,
-                                             "n_pairs": tapas.n_pairs, "n_add": tapas.n_add, "n_rem": tapas.n_rem},
+        "tapas": tapas,
         "delta_stay": stay,
         "cknna": cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None),
         "fms": fms_result.fms,
