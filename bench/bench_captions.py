@@ -16,46 +16,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root: tests/ holds the reference decoder
+
 from pipeline.data.world.captions import attribute_phrases
 from pipeline.data.world.scenes import generate_multi, generate_objects
-from pipeline.explain.decoder import CaptionDecoder, DecoderSettings, decode_captions, train_decoder
+from pipeline.explain.decoder import DecoderSettings, decode_captions, train_decoder
 from pipeline.explain.run import Concepts, ExplainSettings, KindData, explain_run
-from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID, detokenize
 from pipeline.models import build
+from tests.test_explain_captions import greedy_by_full_forward  # the uncached reference decoder
 
 
 def embed(attributes: np.ndarray, d: int, rng: np.random.Generator) -> np.ndarray:
     """Unit rows of attributes @ P + noise: (n, d) float32 embeddings that carry the labels linearly."""
     x = attributes.astype(np.float64) @ rng.standard_normal((attributes.shape[1], d)) + 0.5 * rng.standard_normal((len(attributes), d))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-@torch.no_grad()
-def greedy_full(decoder: CaptionDecoder, x: np.ndarray, max_len: int = 24) -> list[str]:
-    """Reference greedy decoding: `forward` over the whole sequence at every step (no cache)."""
-    steps = min(max_len, decoder.settings.max_tokens - 1) + 1
-    x_std = decoder.standardise(torch.as_tensor(x))
-    tokens = torch.full((len(x), 1), BOS_ID, dtype=torch.long)
-    done = torch.zeros(len(x), dtype=torch.bool)
-    banned = torch.zeros(len(decoder.vocab), dtype=torch.bool)
-    banned[[PAD_ID, BOS_ID, UNK_ID]] = True
-    for _ in range(steps):
-        logits = decoder(x_std, tokens)[:, -1].masked_fill(banned, float("-inf"))
-        nxt = torch.where(done, torch.full_like(done, PAD_ID, dtype=torch.long), logits.argmax(-1))
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        done |= nxt == EOS_ID
-        if bool(done.all()):
-            break
-    out = []
-    for row in tokens[:, 1:].numpy():
-        end = np.flatnonzero((row == EOS_ID) | (row == PAD_ID))
-        out.append(detokenize([decoder.vocab[i] for i in (row[: end[0]] if len(end) else row[: steps - 1])]))
-    return out
 
 
 def main() -> None:
@@ -97,7 +78,7 @@ def main() -> None:
     cached = decode_captions(decoder, x[test])
     t_cached = time.perf_counter() - start
     start = time.perf_counter()
-    full = greedy_full(decoder, x[test])
+    full = greedy_by_full_forward(decoder, x[test], 24)
     t_full = time.perf_counter() - start
     same = sum(a == b for a, b in zip(cached, full))
     print(f"(2) greedy captions of {len(test)} images: cached {t_cached:.2f} s, full re-run {t_full:.2f} s, "

@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.config import ParamsError, load_params, validate_params
 from stages.cli import main as cli
-from stages.cli import preset_text
+from stages.cli import preset_names, preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +29,14 @@ def error_of(raw: dict) -> str:
 def test_shipped_presets_validate(name):
     params = validate_params(yaml.safe_load(preset_text(name)))
     assert params.cells()
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_has_every_section_dvc_yaml_reads(name):
+    """`dvc repro` refuses a params.yaml without a section a stage lists (even one a source does not use)."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    read = {key.split(".")[0] for stage in stages.values() for key in stage.get("params", []) if isinstance(key, str)}
+    assert read - set(yaml.safe_load(preset_text(name))) == set()
 
 
 def test_repository_params_yaml_is_valid():

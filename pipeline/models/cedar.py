@@ -202,12 +202,10 @@ class Cedar(RotationModel):
             self._cache = (key, (ORTHOGONAL_MAPS[self.options.parametrization](self.A) @ self.base).detach())
         return self._cache[1]
 
-    def min_fit_rows(self) -> int:
-        """PCA's axes need n >= d rows; otherwise a mean needs one."""
-        return self.d if self.options.init == "pca" else 1
-
     def fit_init(self, x: Tensor) -> None:
-        """b = the sample mean; with init "pca" also B = the sample's principal axes (signs fixed)."""
+        """b = the sample mean; with init "pca" also B = the sample's principal axes (signs fixed). A sample of fewer
+        than d rows still gives d orthonormal axes (the covariance's eigenvectors): those beyond its rank span the
+        rest of the space in an arbitrary orthonormal basis, which training then rotates like any other start."""
         super().fit_init(x)
         if self.options.init == "pca":
             centred = x.detach().cpu().double().numpy() - self.b.detach().cpu().double().numpy()
