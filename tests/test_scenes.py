@@ -328,6 +328,7 @@ def test_zero_shot_prompts_one_per_column(objects: world.SceneSet, multi: world.
         assert len(prompts[family]) == len(columns) == len(set(prompts[family]))
     assert prompts["pattern"] == ["a photo of a solid object", "a photo of a striped object", "a photo of a spotted object", "a photo of a checkered object"]
     assert "a photo of an orange object" in prompts["body colour"]
+    assert prompts["size"] == ["a photo of a small object", "a photo of a medium-sized object", "a photo of a large object"]
     assert prompts["background"][0] == "a photo of an object on grass"
     multi_prompts = zero_shot_prompts(multi.kind)
     assert list(multi_prompts) == ["object"] and len(multi_prompts["object"]) == len(CATEGORIES)
