@@ -61,8 +61,8 @@ class EmbeddedSettings:
     a learnt projection drops the directions the young image tower cannot match yet, shape first, and the tower
     then gets no gradient towards them). negatives: "captions" ranks each image against every distinct training
     caption (`caption_set_loss`; one (u, 384) x (384, d) product per step), "batch" against the batch's only
-    (`clip_loss`, the standard loss; for caption sets too large to embed every step). train: the loop's settings (`TrainSettings`; its `patience` and `init_samples` are unused:
-    there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
+    (`clip_loss`, the standard loss; for caption sets too large to embed every step). train: the loop's settings
+    (`TrainSettings`; its `patience` and `init_samples` are unused: there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
     bit-for-bit deterministic for a seed on CPU. The image size is the dataset's (`data.image_size`).
     """
 
@@ -208,9 +208,9 @@ def caption_set_loss(image_emb: Tensor, caption_emb: Tensor, logit_scale: Tensor
 
     Why: with a frozen text tower the embeddings of all u captions cost one (u, 384) x (384, d) product per
     step, and ranking against all of them is far harder than against b - 1 random ones: among 64 random captions
-    body colour, top colour and background already single out the right one, so an in-batch loss stops asking
-    for shape, pattern, size and top shape once those are learnt; among thousands, captions that differ only
-    in those words are always present.
+    body colour, top colour and background already single out the right one, so once those are learnt an
+    in-batch loss stops asking for shape, pattern, size and top shape; among thousands, captions that differ
+    only in those words are always present.
     """
     if image_emb.ndim != 2 or caption_emb.ndim != 2 or image_emb.shape[1] != caption_emb.shape[1]:
         raise ValueError(f"caption_set_loss: expected image_emb (b, d) and caption_emb (u, d), got {tuple(image_emb.shape)} and {tuple(caption_emb.shape)}")
