@@ -21,10 +21,13 @@ from pipeline.encoders.embedded import (
     EmbeddedEncoder,
     EmbeddedSettings,
     augment,
+    build_embedded,
+    caption_set_loss,
     clip_loss,
     load_embedded,
     save_embedded,
     train_embedded,
+    whitened_text_init,
 )
 from pipeline.encoders.text import MiniLM, minilm_path
 from pipeline.encoders.zero_shot import zero_shot_accuracy
@@ -143,6 +146,28 @@ def test_clip_loss_with_a_repeated_caption_spreads_the_target() -> None:
     assert float(loss) == pytest.approx(expected, abs=1e-6)
 
 
+def test_caption_set_loss_hand_computed() -> None:
+    images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    captions = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])  # image 0 has caption 0, image 1 caption 2
+    loss = caption_set_loss(images, captions, torch.tensor(0.0), torch.tensor([0, 2]))
+    # image->text over all 3 captions: logits [1, 0, 0.6] (target 0) and [0, 1, 0.8] (target 2)
+    i2t = (-math.log(math.e / (math.e + 1 + math.exp(0.6))) - math.log(math.exp(0.8) / (1 + math.e + math.exp(0.8)))) / 2
+    # text->image within the batch: caption 0 -> images [1, 0] (target 0), caption 2 -> images [0.6, 0.8] (target 1)
+    t2i = (-math.log(math.e / (math.e + 1)) - math.log(math.exp(0.8) / (math.exp(0.6) + math.exp(0.8)))) / 2
+    assert loss.item() == pytest.approx((i2t + t2i) / 2, rel=1e-6)
+
+
+def test_caption_set_loss_is_the_clip_loss_when_the_set_is_the_batch() -> None:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.nn.functional.normalize(torch.randn(5, 4, generator=generator), dim=1)
+    texts = torch.nn.functional.normalize(torch.randn(5, 4, generator=generator), dim=1)
+    scale = torch.tensor(2.0)
+    ids = torch.arange(5)
+    assert caption_set_loss(images, texts, scale, ids).item() == pytest.approx(clip_loss(images, texts, scale, ids).item(), rel=1e-6)
+    with pytest.raises(ValueError, match="caption_ids"):
+        caption_set_loss(images, texts, scale, torch.arange(4))
+
+
 def test_clip_loss_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="one shape"):
         clip_loss(torch.zeros(3, 2), torch.zeros(2, 2), torch.tensor(0.0))
@@ -197,6 +222,51 @@ def test_zero_shot_colour_and_shape_far_above_chance(trained: dict) -> None:
     # held-out images, prompts never seen in training ("a red shape", "a circle"); measured 1.0 and 1.0
     assert result["colour"]["accuracy"] >= 0.9
     assert result["shape"]["accuracy"] >= 0.75
+
+
+def test_whitened_text_init_hand_computed() -> None:
+    # features spread along 3 axes with standard deviations 4, 2, 1 around a mean m: the whitened top-2 map is
+    # x -> ((x - m)_0 / sqrt(16 + eps * 16), (x - m)_1 / sqrt(4 + eps * 16)), up to a sign per row and one overall scale
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((4000, 3))
+    z = (z - z.mean(0)) @ np.linalg.inv(np.linalg.cholesky(np.cov(z.T))).T  # exactly unit covariance
+    mean = np.zeros(384)
+    mean[5] = 0.5
+    features = mean + np.concatenate([z * [4.0, 2.0, 1.0], np.zeros((4000, 381))], axis=1)
+    model = build_embedded(EmbeddedSettings(embed_dim=2), 16, 0)
+    whitened_text_init(model, features, eps=0.25)
+    weight = model.text_projection.weight.detach().double().numpy()
+    expected = np.zeros((2, 384))
+    expected[0, 0], expected[1, 1] = 1 / math.sqrt(16 + 4), 1 / math.sqrt(4 + 4)
+    expected /= np.linalg.norm(expected, axis=1).mean()
+    assert np.allclose(np.abs(weight), np.abs(expected), atol=1e-5)
+    assert np.allclose(model.text_mean.numpy(), mean, atol=1e-6)
+
+
+def test_whitened_text_init_equalises_the_caption_variances_without_eps() -> None:
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((2000, 384)) @ rng.standard_normal((384, 384)) * np.logspace(0, -2, 384)
+    model = build_embedded(EmbeddedSettings(embed_dim=16), 16, 0)
+    whitened_text_init(model, features, eps=0.0)
+    with torch.no_grad():
+        projected = model.text_projection(torch.from_numpy(features).float() - model.text_mean).double().numpy()
+    covariance = np.cov(projected.T)
+    assert np.allclose(covariance / covariance[0, 0], np.eye(16), atol=1e-3)
+
+
+def test_the_text_projection_stays_frozen_unless_trained(minilm: MiniLM) -> None:
+    images, captions, _ = make_shapes(48, seed=4)
+    train = dataclasses.replace(EMBEDDED_TRAIN, epochs=1, batch_size=16, lr=3e-3)
+    features = minilm.encode(captions)
+    start = build_embedded(EmbeddedSettings(embed_dim=8), 32, 0)
+    whitened_text_init(start, features, eps=0.03)
+    frozen, _ = train_embedded(images, captions, EmbeddedSettings(embed_dim=8, width=4, train=train), 0, minilm)
+    assert torch.allclose(frozen.text_projection.weight, start.text_projection.weight, atol=1e-5)
+    assert torch.allclose(frozen.text_mean, start.text_mean, atol=1e-6)
+    trained, _ = train_embedded(images, captions, EmbeddedSettings(embed_dim=8, width=4, train=train, train_text=True), 0, minilm)
+    assert not torch.allclose(trained.text_projection.weight, start.text_projection.weight, atol=1e-4)
+    plain, _ = train_embedded(images, captions, EmbeddedSettings(embed_dim=8, width=4, train=train, text_init="orthogonal"), 0, minilm)
+    assert torch.equal(plain.text_mean, torch.zeros(384))
 
 
 def test_training_is_deterministic_for_a_seed(minilm: MiniLM) -> None:

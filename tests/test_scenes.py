@@ -321,6 +321,25 @@ def test_vocabulary_has_all_phrases_and_distractors(objects: world.SceneSet, mul
     assert len(set(DISTRACTORS)) == len(DISTRACTORS) >= 200
 
 
+def test_objects_of_every_size_stay_inside_the_frame() -> None:
+    # the centre's range is the room the object's unit-frame extent leaves: at the extreme draws (u = 0 or 1) the
+    # unrotated extent box still fits the canvas, for every size
+    canvas = 192.0
+    half_width, above, below = render.OBJECT_EXTENT
+    for fraction in render.SIZE_RADIUS.values():
+        radius = canvas * fraction
+        for ux in (0.0, 1.0):
+            for uy in (0.0, 1.0):
+                cx, cy = world._object_centre(canvas, radius, ux, uy)
+                assert 0 <= cx - half_width * radius and cx + half_width * radius <= canvas
+                assert 0 <= cy - above * radius and cy + below * radius <= canvas
+    # every unit-frame part lies inside the extent the centre range is computed from
+    parts = [render.WING, render.WING * [-1, 1], *render.TOP_PARTS.values(), *render.BODY_SHAPES.values()]
+    points = np.concatenate(parts)
+    assert np.abs(points[:, 0]).max() <= half_width + 1e-9
+    assert -points[:, 1].max() >= -below - 1e-9 and -points[:, 1].min() <= above + 1e-9
+
+
 def test_zero_shot_prompts_one_per_column(objects: world.SceneSet, multi: world.SceneSet) -> None:
     prompts = zero_shot_prompts(objects.kind)
     assert list(prompts) == list(objects.families)
@@ -328,6 +347,7 @@ def test_zero_shot_prompts_one_per_column(objects: world.SceneSet, multi: world.
         assert len(prompts[family]) == len(columns) == len(set(prompts[family]))
     assert prompts["pattern"] == ["a photo of a solid object", "a photo of a striped object", "a photo of a spotted object", "a photo of a checkered object"]
     assert "a photo of an orange object" in prompts["body colour"]
+    assert prompts["size"] == ["a photo of a small object", "a photo of a medium-sized object", "a photo of a large object"]
     assert prompts["background"][0] == "a photo of an object on grass"
     multi_prompts = zero_shot_prompts(multi.kind)
     assert list(multi_prompts) == ["object"] and len(multi_prompts["object"]) == len(CATEGORIES)

@@ -1,10 +1,12 @@
 """The embedded offline vision-language model: a small CNN aligned to the frozen all-MiniLM-L6-v2 text encoder.
 
 No CLIP weights exist offline, so the pipeline trains its own CLIP-like model on the procedural scenes.
-The image tower (`EmbeddedCLIP`) and a learned linear text projection 384 -> d are trained with the CLIP loss
-(symmetric InfoNCE, learnable temperature) against the *frozen* MiniLM sentence embeddings of the captions, by the
-one training loop (`pipeline.training.loop`). Because the text side is a pretrained language model, any English
-word or phrase can later be embedded as a concept, not only the training captions.
+The image tower (`EmbeddedCLIP`) is trained with the CLIP loss (symmetric InfoNCE, learnable temperature) against
+the *frozen* MiniLM sentence embeddings of the captions, by the one training loop (`pipeline.training.loop`).
+The text side is a linear map 384 -> d of MiniLM features: by default the whitened principal components of the
+training captions' features, fixed (`whitened_text_init`); the image->text term ranks each image against every
+training caption, not only the batch's (`caption_set_loss`). Because the text side is a pretrained language
+model, any English word or phrase can later be embedded as a concept, not only the training captions.
 
 Layout of a saved model directory (`save_embedded` / `load_embedded`):
     model.safetensors   every parameter and buffer of `EmbeddedCLIP` (no pickle)
@@ -30,19 +32,19 @@ from torch import Tensor, nn
 
 from pipeline.encoders.base import check_batch_size, check_images, weights_digest
 from pipeline.encoders.text import TEXT_DIM, MiniLM, check_texts
-from pipeline.settings import Bool, NonNegativeInt, PositiveInt, defaults_from, settings
+from pipeline.settings import Bool, NonNegativeFloat, NonNegativeInt, PositiveInt, defaults_from, settings
 from pipeline.training.device import Device, resolve_device
 from pipeline.training.loop import BatchSource, TrainSettings, Validation, fit
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the text_mean buffer (MiniLM features are centred before the text projection)
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MAX_LOGIT_SCALE = math.log(100.0)  # CLIP's clamp: temperature never below 1/100
 
 #: the loop settings of the embedded model: AdamW with weight decay, cosine to 0, no gradient clipping
-EMBEDDED_TRAIN = TrainSettings(epochs=15, min_steps=0, batch_size=128, lr=2e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0,
+EMBEDDED_TRAIN = TrainSettings(epochs=15, min_steps=0, batch_size=64, lr=3e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0,
                                grad_clip=0.0)
 
 
@@ -53,8 +55,14 @@ class EmbeddedSettings:
     embed_dim: shared image/text dimension d. width: channels of the first conv block (then 2w, 4w, 4w).
     shift: maximum random translation in pixels for augmentation (None -> image size // 16). flip: random
     horizontal flips; off by default because captions may name left/right. Colours are never augmented: colour
-    is an attribute. train: the loop's settings (`TrainSettings`; its `patience` and `init_samples` are unused:
-    there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
+    is an attribute. text_init: "whitened" starts the text projection as the whitened top-d principal components of
+    the training captions' MiniLM features (`whitened_text_init`, regulariser `text_whiten_eps` relative to the
+    largest variance), "orthogonal" as random orthonormal rows. train_text: train the text projection too (off:
+    a learnt projection drops the directions the young image tower cannot match yet, shape first, and the tower
+    then gets no gradient towards them). negatives: "captions" ranks each image against every distinct training
+    caption (`caption_set_loss`; one (u, 384) x (384, d) product per step), "batch" against the batch's only
+    (`clip_loss`, the standard loss; for caption sets too large to embed every step). train: the loop's settings
+    (`TrainSettings`; its `patience` and `init_samples` are unused: there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
     bit-for-bit deterministic for a seed on CPU. The image size is the dataset's (`data.image_size`).
     """
 
@@ -63,6 +71,10 @@ class EmbeddedSettings:
     width: PositiveInt = 24
     shift: NonNegativeInt | None = None
     flip: Bool = False
+    text_init: Literal["whitened", "orthogonal"] = "whitened"
+    text_whiten_eps: NonNegativeFloat = 0.03
+    train_text: Bool = False
+    negatives: Literal["captions", "batch"] = "captions"
     train: Annotated[TrainSettings, defaults_from(EMBEDDED_TRAIN)] = EMBEDDED_TRAIN
     device: Device = "auto"
 
@@ -95,12 +107,14 @@ class EmbeddedCLIP(nn.Module):
     works at half resolution because full-resolution layers cost most of the CPU time (about 4x less than
     four pooled blocks from full resolution at width 32, measured); its overlapping 3x3 windows still see
     every pixel. Conv weights and inputs are channels-last, which is faster on CPU (about 1.3x). Text side: a linear projection (384 -> d, no bias) of frozen MiniLM
-    features, initialised with orthonormal rows so that it starts as a plain subspace of MiniLM's space.
-    Both outputs are L2-normalised. `logit_scale` is log(1 / temperature), initialised to log(1 / 0.07).
+    features minus `text_mean` (a buffer: the training captions' mean feature with the whitened initialisation,
+    else 0), initialised with orthonormal rows (a plain subspace of MiniLM's space) until `whitened_text_init`
+    sets it. Both outputs are L2-normalised. `logit_scale` is log(1 / temperature), initialised to log(1 / 0.07).
     """
 
-    def __init__(self, embed_dim: int, width: int, image_size: int, text_dim: int = TEXT_DIM) -> None:
+    def __init__(self, embed_dim: int, width: int, image_size: int, text_dim: int = TEXT_DIM, negatives: str = "captions") -> None:
         super().__init__()
+        self.negatives = negatives  # which captions the image->text term ranks against (a training option, not saved)
         self.embed_dim = int(embed_dim)
         self.image_size = int(image_size)  # the size it is trained for; encoders refuse other sizes
         self.text_dim = int(text_dim)
@@ -109,6 +123,8 @@ class EmbeddedCLIP(nn.Module):
         self.image_head = nn.Linear(4 * w, embed_dim)
         self.text_projection = nn.Linear(text_dim, embed_dim, bias=False)
         nn.init.orthogonal_(self.text_projection.weight)
+        # subtracted from MiniLM features before the projection (the training captions' mean with text_init="whitened")
+        self.register_buffer("text_mean", torch.zeros(text_dim))
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         # fixed input normalisation (a buffer so it travels with the weights): [0, 1] -> roughly zero mean, unit scale
         self.register_buffer("pixel_mean", torch.full((1, 3, 1, 1), 0.5))
@@ -124,7 +140,7 @@ class EmbeddedCLIP(nn.Module):
 
     def encode_text(self, text_features: Tensor) -> Tensor:
         """Frozen MiniLM features (n, 384) -> (n, d) unit rows."""
-        return F.normalize(self.text_projection(text_features), dim=1)
+        return F.normalize(self.text_projection(text_features - self.text_mean), dim=1)
 
     def forward(self, pixels: Tensor, text_features: Tensor) -> tuple[Tensor, Tensor]:
         """(image embeddings (n, d), text embeddings (m, d))."""
@@ -132,10 +148,15 @@ class EmbeddedCLIP(nn.Module):
 
     # --- training through pipeline.training.loop -----------------------------------------
     def training_loss(self, batch: tuple[Tensor, Tensor, Tensor], progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
-        """CLIP loss of one batch (augmented pixels (b, 3, H, W), MiniLM features (b, 384), caption ids (b,))."""
-        pixels, text_features, caption_ids = batch
-        image_emb, text_emb = self(pixels, text_features)
-        loss = clip_loss(image_emb, text_emb, self.logit_scale, caption_ids)
+        """CLIP loss of one batch: augmented pixels (b, 3, H, W), the MiniLM features of every distinct training
+        caption (u, 384) and each image's caption row (b,). negatives "batch": the standard in-batch loss
+        (`clip_loss`); "captions": the image->text term ranks against every training caption (`caption_set_loss`)."""
+        pixels, caption_features, caption_ids = batch
+        image_emb = self.encode_image(pixels)
+        if self.negatives == "captions":
+            loss = caption_set_loss(image_emb, self.encode_text(caption_features), self.logit_scale, caption_ids)
+        else:
+            loss = clip_loss(image_emb, self.encode_text(caption_features[caption_ids]), self.logit_scale, caption_ids)
         return loss, {"temperature": (1 / self.logit_scale.detach().exp())}
 
     def before_step(self) -> None:
@@ -177,6 +198,33 @@ def clip_loss(image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor, caption_
     return (image_to_text + text_to_image) / 2
 
 
+def caption_set_loss(image_emb: Tensor, caption_emb: Tensor, logit_scale: Tensor, caption_ids: Tensor) -> Tensor:
+    """The CLIP loss with every caption of the training set as a negative for the image->text term.
+
+    image_emb: (b, d) unit rows; caption_emb: (u, d) unit rows, one per distinct training caption; caption_ids:
+    (b,) each image's row of caption_emb. image->text: cross-entropy of exp(logit_scale) * image_emb @
+    caption_emb.T over all u captions (target: the image's caption); text->image: the in-batch term of
+    `clip_loss` (each batch caption against the b images). The mean of the two.
+
+    Why: with a frozen text tower the embeddings of all u captions cost one (u, 384) x (384, d) product per
+    step, and ranking against all of them is far harder than against b - 1 random ones: among 64 random captions
+    body colour, top colour and background already single out the right one, so once those are learnt an
+    in-batch loss stops asking for shape, pattern, size and top shape; among thousands, captions that differ
+    only in those words are always present.
+    """
+    if image_emb.ndim != 2 or caption_emb.ndim != 2 or image_emb.shape[1] != caption_emb.shape[1]:
+        raise ValueError(f"caption_set_loss: expected image_emb (b, d) and caption_emb (u, d), got {tuple(image_emb.shape)} and {tuple(caption_emb.shape)}")
+    if caption_ids.shape != (image_emb.shape[0],):
+        raise ValueError(f"caption_set_loss: caption_ids must have shape ({image_emb.shape[0]},), got {tuple(caption_ids.shape)}")
+    scale = logit_scale.exp()
+    image_to_text = F.cross_entropy(scale * image_emb @ caption_emb.T, caption_ids)
+    batch_text = caption_emb[caption_ids]
+    same = (caption_ids[:, None] == caption_ids[None, :]).to(image_emb.dtype)
+    targets = same / same.sum(dim=1, keepdim=True)
+    text_to_image = -(targets * F.log_softmax(scale * batch_text @ image_emb.T, dim=1)).sum(dim=1).mean()
+    return (image_to_text + text_to_image) / 2
+
+
 def augment(images: Tensor, max_shift: int, flip: bool, generator: torch.Generator) -> Tensor:
     """Random translation by up to `max_shift` pixels (edge pixels repeated) and optional horizontal flip.
 
@@ -207,12 +255,13 @@ def build_embedded(embedded: EmbeddedSettings, image_size: int, seed: int) -> Em
         raise ValueError(f"image_size must be >= 16 (four 2x poolings), got {image_size}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return EmbeddedCLIP(embedded.embed_dim, embedded.width, image_size)
+        return EmbeddedCLIP(embedded.embed_dim, embedded.width, image_size, negatives=embedded.negatives)
 
 
 def contrastive_batches(images: np.ndarray, caption_ids: np.ndarray, text_features: Tensor, batch_size: int, seed: int,
                         max_shift: int, flip: bool) -> BatchSource:
-    """Shuffled, augmented training batches (pixels float (b, 3, H, W), MiniLM features (b, 384), caption ids (b,)).
+    """Shuffled, augmented training batches (pixels float (b, 3, H, W), the MiniLM features of every distinct
+    caption `text_features` (u, 384), each image's caption row (b,)).
 
     The last partial batch is dropped (a tiny batch is a weak contrastive signal); order and augmentation depend
     only on (seed, epoch). Images stay uint8 in memory and are converted per batch.
@@ -228,7 +277,7 @@ def contrastive_batches(images: np.ndarray, caption_ids: np.ndarray, text_featur
             rows = order[step * batch_size : (step + 1) * batch_size]
             pixels = augment(pixels_from_uint8(pixels_all[rows]), max_shift, flip, generator)
             ids = ids_all[rows]
-            yield pixels, text_features[ids], ids
+            yield pixels, text_features, ids
 
     return batches
 
@@ -248,6 +297,29 @@ def retrieval_accuracy(image_emb: np.ndarray, captions: list[str], text_emb_uniq
     index = {caption: i for i, caption in enumerate(unique)}
     truth = np.array([index[c] for c in captions])
     return float(np.mean(np.argmax(image_emb @ text_emb_unique.T, axis=1) == truth))
+
+
+def whitened_text_init(model: EmbeddedCLIP, features: np.ndarray, eps: float) -> None:
+    """Set the text projection to the whitened principal components of the training captions' MiniLM features.
+
+    features: (n, 384), one row per training image (its caption's features). The projection becomes
+    x -> (x - mean) V_d diag(1 / sqrt(lambda + eps * lambda_max)) for the top d = embed_dim principal
+    directions V_d (variances lambda): every direction along which the captions vary starts with about
+    equal weight, instead of MiniLM's own geometry, where the words that differ between captions of one
+    template (a shape, a top, a size) move the sentence embedding far less than the template does. When
+    d exceeds the features' dimension the extra rows keep their orthogonal initialisation.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    mean = x.mean(axis=0)
+    variances, vectors = np.linalg.eigh(np.cov((x - mean).T))
+    variances, vectors = np.clip(variances[::-1], 0.0, None), vectors[:, ::-1]
+    k = min(model.embed_dim, x.shape[1])
+    scale = 1.0 / np.sqrt(variances[:k] + eps * variances[0] + 1e-12)
+    weight = (vectors[:, :k] * scale).T  # (k, 384)
+    weight /= np.linalg.norm(weight, axis=1).mean()  # the scale is irrelevant after normalisation; keep O(1) entries
+    with torch.no_grad():
+        model.text_mean.copy_(torch.from_numpy(mean.astype(np.float32)))
+        model.text_projection.weight[:k].copy_(torch.from_numpy(weight.astype(np.float32)))
 
 
 def train_embedded(
@@ -288,6 +360,9 @@ def train_embedded(
     logger.info("embedded model: %d images, %d distinct captions, device %s", len(captions), len(unique), device)
 
     model = build_embedded(embedded, image_size, seed)
+    if embedded.text_init == "whitened":
+        whitened_text_init(model, text_features.numpy()[inverse.reshape(-1)], embedded.text_whiten_eps)
+    model.text_projection.weight.requires_grad_(embedded.train_text)
     validation = None
     if val is not None:
         val_unique = sorted(set(val[1]))
@@ -416,7 +491,7 @@ def load_embedded(directory: Path, device: str | torch.device = "cpu", text_enco
         state = load_file(str(weights), device="cpu")
     except Exception as error:  # safetensors raises its own error types for truncated/garbled files
         raise ValueError(f"{weights}: not a readable safetensors file ({error})") from error
-    model = EmbeddedCLIP(embedded.embed_dim, embedded.width, int(meta["image_size"]))
+    model = EmbeddedCLIP(embedded.embed_dim, embedded.width, int(meta["image_size"]), negatives=embedded.negatives)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:

@@ -275,6 +275,12 @@ def background(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------------
 # object scenes: a body with a pattern, a top part and two side wings (the wings share the top's colour)
+#
+# What the layout is for: at 64 px a body is 20-35 px across, so its shape is told by a few corners and
+# edges. The top part and the wings are painted *behind* the body (a complete outlined silhouette in front
+# of them), the pattern is painted inside an inset copy of the body (a solid rim keeps the outline against
+# the body colour, not against dark pattern pieces), and the top part sits above the body rather than over
+# its upper corners (apex of the triangle, top tip of the star, flat top of the hexagon).
 
 BODY_SHAPES: dict[str, np.ndarray] = {
     "circle": regular_polygon(40, 1.0),
@@ -284,12 +290,13 @@ BODY_SHAPES: dict[str, np.ndarray] = {
     "star": star(5, 1.25, 0.52),
     "cross": cross(1.05, 0.38),
 }
-TOP_PARTS: dict[str, np.ndarray] = {  # silhouettes kept far apart: tall spike, disc, wide slab
-    "round": ellipse(0.46, 0.46, centre=(0.0, -1.02), n=24),
-    "pointed": np.array([[-0.4, -0.7], [0.4, -0.7], [0.0, -1.85]]),
-    "flat": rect(-0.75, -1.22, 0.75, -0.8),
+TOP_PARTS: dict[str, np.ndarray] = {  # silhouettes kept far apart: disc, tall spike, wide slab; base hidden behind the body
+    "round": ellipse(0.42, 0.42, centre=(0.0, -1.28), n=24),
+    "pointed": np.array([[-0.42, -0.75], [0.42, -0.75], [0.0, -1.85]]),
+    "flat": rect(-0.8, -1.3, 0.8, -0.75),
 }
-WING = np.array([[-0.3, -0.3], [-1.45, -0.15], [-1.3, 0.22], [-0.3, 0.35]])
+WING = np.array([[-0.3, -0.15], [-1.3, 0.0], [-1.2, 0.3], [-0.3, 0.4]])
+OBJECT_EXTENT = (1.3, 1.85, 1.05)  # unit-frame half width (wings), height above and depth below the centre
 BODY_RGB: dict[str, RGB] = {
     "red": (215, 38, 38), "green": (40, 165, 60), "blue": (40, 80, 220),
     "yellow": (238, 212, 40), "purple": (140, 55, 190), "orange": (248, 135, 25),
@@ -298,8 +305,10 @@ TOP_RGB: dict[str, RGB] = {
     "white": (246, 246, 246), "black": (22, 22, 22), "cyan": (40, 212, 222),
     "pink": (250, 150, 200), "brown": (120, 72, 36), "gray": (135, 135, 135),
 }
-SIZE_RADIUS = {"small": 0.15, "medium": 0.2, "large": 0.26}  # body radius as a fraction of the image side
+SIZE_RADIUS = {"small": 0.18, "medium": 0.235, "large": 0.29}  # body radius as a fraction of the image side
 PATTERN_PERIOD = {"striped": 0.55, "spotted": 0.62, "checkered": 0.5}  # in body radii: visible at 64 px
+PATTERN_INSET = 0.72  # the pattern fills the body scaled by this about its centre: a solid rim shows the outline
+PATTERN_SHADE = 0.35  # pattern colour = body colour scaled towards black by this
 
 
 @dataclass(frozen=True)
@@ -319,21 +328,20 @@ class ObjectLook:
 
 
 def object_strokes(look: ObjectLook, factor: int) -> list[Stroke]:
-    """Painter's order: wings, body, pattern, body outline, top part. Outlines are one target pixel wide."""
+    """Painter's order: wings, top part, body (outlined), pattern inside the inset body. Outlines are one target pixel wide."""
     def put(points: np.ndarray) -> np.ndarray:
         return place(points, look.centre, look.radius, look.angle, look.aspect)
 
-    body = put(BODY_SHAPES[look.shape])
+    unit_body = BODY_SHAPES[look.shape]
     strokes = [
         Stroke(put(WING), look.top, outline=OUTLINE, outline_width=factor),
         Stroke(put(WING * np.array([-1.0, 1.0])), look.top, outline=OUTLINE, outline_width=factor),
-        Stroke(body, look.body),
+        Stroke(put(TOP_PARTS[look.top_shape]), look.top, outline=OUTLINE, outline_width=factor),
+        Stroke(put(unit_body), look.body, outline=OUTLINE, outline_width=factor),
     ]
     if look.pattern != "solid":
         pattern = Pattern(look.pattern, look.centre, look.angle, PATTERN_PERIOD[look.pattern] * look.radius, look.pattern_phase)
-        strokes.append(Stroke(body, darker(look.body, 0.35), pattern=pattern))
-    strokes.append(Stroke(body, look.body, outline=OUTLINE, outline_width=factor, fill=False))
-    strokes.append(Stroke(put(TOP_PARTS[look.top_shape]), look.top, outline=OUTLINE, outline_width=factor))
+        strokes.append(Stroke(put(unit_body * PATTERN_INSET), darker(look.body, PATTERN_SHADE), pattern=pattern))
     return strokes
 
 

@@ -138,6 +138,21 @@ _FAMILY_STARTS = np.concatenate([[0], np.cumsum(_FAMILY_SIZES)[:-1]])
 _BACKGROUND_FAMILY = [f.name for f in FAMILIES].index("background")
 
 
+ROTATION_DEG = 12.0  # objects turn by up to this many degrees either way
+CENTRE_JITTER = 0.9  # fraction of the free room (image minus the object's extent) the centre may move in
+
+
+def _object_centre(canvas: float, radius: float, ux: float, uy: float) -> tuple[float, float]:
+    """Object centre (canvas px): the object's extent box (render.OBJECT_EXTENT) centred, then shifted by
+    up to CENTRE_JITTER of the room left on each side, so objects of every size stay inside the image."""
+    half_width, above, below = (e * radius for e in render.OBJECT_EXTENT)
+    room_x = max(0.0, canvas / 2 - half_width)
+    room_y = max(0.0, (canvas - above - below) / 2)
+    cx = canvas / 2 + CENTRE_JITTER * room_x * (2 * ux - 1)
+    cy = canvas / 2 + (above - below) / 2 + CENTRE_JITTER * room_y * (2 * uy - 1)
+    return (cx, cy)
+
+
 def _object_values(u: np.ndarray) -> np.ndarray:
     """int64 (7,) value index per family from the first 7 uniforms."""
     return np.minimum((u[_U_FAMILY:_U_FAMILY + len(FAMILIES)] * _FAMILY_SIZES).astype(np.int64), _FAMILY_SIZES - 1)
@@ -163,16 +178,17 @@ def _render_object(seed: int, size: int, values: np.ndarray | None = None, need_
     factor = render.supersampling(size)
     canvas = size * factor
     gain = 0.9 + 0.2 * u[_U_COLOUR_GAIN]
+    radius = canvas * render.SIZE_RADIUS[size_word]
     look = render.ObjectLook(
         shape=shape,
         body=render.jitter_colour(render.BODY_RGB[body], gain, (u[_U_BODY_SHIFT:_U_BODY_SHIFT + 3] - 0.5) * 24),
         top=render.jitter_colour(render.TOP_RGB[top], gain, (u[_U_TOP_SHIFT:_U_TOP_SHIFT + 3] - 0.5) * 24),
         top_shape=top_shape,
         pattern=pattern,
-        centre=(canvas * (0.38 + 0.24 * u[_U_CX]), canvas * (0.42 + 0.2 * u[_U_CY])),
-        radius=canvas * render.SIZE_RADIUS[size_word],
-        angle=math.radians(35.0 * (2 * u[_U_ANGLE] - 1)),
-        aspect=0.9 + 0.2 * u[_U_ASPECT],
+        centre=_object_centre(canvas, radius, u[_U_CX], u[_U_CY]),
+        radius=radius,
+        angle=math.radians(ROTATION_DEG * (2 * u[_U_ANGLE] - 1)),
+        aspect=0.95 + 0.1 * u[_U_ASPECT],
         pattern_phase=(float(u[_U_PHASE]), float(u[_U_PHASE + 1])),
     )
     strokes = render.object_strokes(look, factor)
