@@ -61,6 +61,21 @@ def resumable(seed: int = 0):
     return model, make_optimizer(model, lr=1e-2, weight_decay=0.0)
 
 
+def test_a_kill_between_an_epochs_weights_and_its_record_resumes_from_the_previous_epoch(tmp_path):
+    """Killed while epoch 3's checkpoint is written (its weight file half there, resume.json not yet replaced): the
+    checkpoint of epoch 2 is still whole and is what a rerun resumes from; once epoch 3's record lands, epoch 2's
+    weights are gone."""
+    model, optimizer = resumable()
+    best = {k: v.clone() for k, v in model.state_dict().items()}
+    save_resume(tmp_path, model, optimizer, TrainState(epoch=2, step=10), best, fingerprint="f")
+    (tmp_path / "resume-3.safetensors").write_bytes(b"half a file")
+    restored, restored_optimizer = resumable(seed=1)
+    assert load_resume(tmp_path, restored, restored_optimizer, "f")[0].epoch == 2
+    save_resume(tmp_path, model, optimizer, TrainState(epoch=3, step=15), best, fingerprint="f")
+    assert sorted(f.name for f in tmp_path.glob("resume-*")) == ["resume-3.safetensors"]
+    assert load_resume(tmp_path, restored, restored_optimizer, "f")[0].epoch == 3
+
+
 @pytest.mark.parametrize("how", ["overwrite", "truncate", "header", "delete", "json", "other_inputs"])
 def test_an_unusable_epoch_checkpoint_is_discarded_with_a_warning(tmp_path, how, caplog):
     model, optimizer = resumable()
@@ -75,7 +90,7 @@ def test_an_unusable_epoch_checkpoint_is_discarded_with_a_warning(tmp_path, how,
     if how == "json":
         (tmp_path / "resume.json").write_text("{broken")
     elif how != "other_inputs":
-        garble(tmp_path / "resume.safetensors", how)
+        garble(tmp_path / "resume-2.safetensors", how)
     fresh, fresh_optimizer = resumable(seed=1)
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with caplog.at_level("INFO", logger="pipeline.training.resume"):

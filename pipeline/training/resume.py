@@ -34,9 +34,16 @@ def save_resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
     for index, slots in opt["state"].items():
         for name, value in slots.items():
             tensors[f"opt/{index}/{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    digest = save_weights(tensors, directory / "resume.safetensors")
-    (directory / "resume.json.tmp").write_text(json.dumps({"state": asdict(state), "param_groups": opt["param_groups"], "digest": digest, "fingerprint": fingerprint}))
+    # each epoch's weights get their own file, named in resume.json, which is replaced last: a kill at any point
+    # leaves a resume.json whose weight file and digest belong together (the previous epoch's, or this one's)
+    weights = f"resume-{state.epoch}.safetensors"
+    digest = save_weights(tensors, directory / weights)
+    meta = {"state": asdict(state), "param_groups": opt["param_groups"], "weights": weights, "digest": digest, "fingerprint": fingerprint}
+    (directory / "resume.json.tmp").write_text(json.dumps(meta))
     os.replace(directory / "resume.json.tmp", directory / "resume.json")
+    for old in directory.glob("resume-*.safetensors"):
+        if old.name != weights:
+            old.unlink()
 
 
 def load_resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, fingerprint: str = "") -> tuple[TrainState, dict[str, torch.Tensor]] | None:
@@ -50,7 +57,7 @@ def load_resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
             log.info("%s: epoch checkpoint of a run with other inputs; training from the start", directory)
             return None
         device = next(model.parameters()).device
-        tensors = load_weights(directory / "resume.safetensors", meta.get("digest"), device)
+        tensors = load_weights(directory / meta["weights"], meta.get("digest"), device)
         state: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in tensors.items():
             if key.startswith("opt/"):
