@@ -62,8 +62,8 @@ def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None
 
 def concept_record(run: str, method: str, trained: float, untrained: float, random: float) -> dict:
     variant = lambda v: {"match_score": v, "tapas": {"score": v}, "cknna": 0.5, "fms": None}  # noqa: E731
-    return {"run": run, "method": method, "concepts": {"objects": {"trained": variant(trained), "untrained": variant(untrained),
-                                                                    "random": variant(random)}}}
+    return {"run": run, "method": method, "k": 4, "best_epoch": 3,
+            "concepts": {"objects": {"trained": variant(trained), "untrained": variant(untrained), "random": variant(random)}}}
 
 
 def test_separation_counts_runs_where_trained_beats_both_baselines() -> None:
@@ -74,13 +74,18 @@ def test_separation_counts_runs_where_trained_beats_both_baselines() -> None:
     assert (rows["CKNNA"]["above"], rows["CKNNA"]["separates"]) == (0, False)  # ties are not above
     assert rows["FMS"]["runs"] == 0 and not rows["FMS"]["separates"]  # undefined everywhere: nothing counted
     assert separation(runs[:1], "objects")[0]["separates"]
+    assert rows["MATCHScore (FBMP)"]["by_k"] == {4: (2, 3)}
+    fixed = {**concept_record("d", "pca", 0.5, 0.5, 0.1), "best_epoch": 0}  # nothing trained: its twin is itself
+    eight = {**concept_record("e", "m", 0.1, 0.5, 0.1), "k": 8}
+    rows = {row["metric"]: row for row in separation([*runs, fixed, eight], "objects")}
+    assert rows["MATCHScore (FBMP)"]["by_k"] == {4: (2, 3), 8: (0, 1)} and rows["MATCHScore (FBMP)"]["runs"] == 4
 
 
 def family_record(run: str, scores: dict[str, tuple[float | None, float, float]]) -> dict:
     """A run whose TAPAScore per family is (trained, untrained, random)."""
     variants = {v: {"tapas": {"score": 0.0, "families": {f: {"score": s[i]} for f, s in scores.items()}}} for i, v in
                 enumerate(("trained", "untrained", "random"))}
-    return {"run": run, "method": "m", "concepts": {"objects": variants}}
+    return {"run": run, "method": "m", "k": 4, "best_epoch": 2, "concepts": {"objects": variants}}
 
 
 def test_family_separation_by_hand_with_the_reason_for_each_family_that_does_not_separate() -> None:
@@ -95,8 +100,19 @@ def test_family_separation_by_hand_with_the_reason_for_each_family_that_does_not
     assert (rows["shape"]["above"], rows["shape"]["separates"]) == (1, False)  # 1/2 < 80%
     assert rows["shape"]["why"].startswith("the encoder barely sees it (zero-shot accuracy 0.30, chance 0.17)")
     assert (rows["size"]["above"], rows["size"]["separates"]) == (1, False)  # run a: random codes score higher
-    assert rows["size"]["why"].startswith("the encoder sees it (zero-shot accuracy 0.90)")
+    assert rows["size"]["why"] == ("the encoder sees it (zero-shot accuracy 0.90); trained codes follow its edits no better than both "
+                                   "baselines (k=4: 1/2 runs)")
+    assert rows["size"]["by_k"] == {4: (1, 2)}
     assert (rows["top"]["runs"], rows["top"]["trained"], rows["top"]["why"]) == (0, None, "no run matched a latent to its edited attributes")
+
+
+def test_family_separation_names_the_k_where_a_seen_family_does_not_separate() -> None:
+    low = [{**family_record(f"a{i}", {"size": (1.0, 0.2, 0.0)}), "k": 8} for i in range(3)]
+    high = [{**family_record(f"b{i}", {"size": (0.5, 0.6, 0.0)}), "k": 32} for i in range(2)]
+    (row,) = family_separation([*low, *high], "objects", {"size": {"accuracy": 0.9, "chance": 1 / 3}})
+    assert (row["above"], row["runs"], row["separates"], row["by_k"]) == (3, 5, False, {8: (3, 3), 32: (0, 2)})
+    assert row["why"] == ("the encoder sees it (zero-shot accuracy 0.90); trained codes follow its edits better than both baselines at "
+                          "k=8: 3/3 runs but not at k=32: 0/2, where the untrained twin's matched latents follow them about as well")
 
 
 def test_conventions_name_every_deviation_from_the_published_defaults() -> None:

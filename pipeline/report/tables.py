@@ -125,20 +125,30 @@ def _variant_value(variant: dict[str, Any], key: str) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
+def learned(metrics: dict[str, Any]) -> bool:
+    """Whether a run trained anything: a fixed basis (identity, PCA, ICA, a random rotation) records best_epoch 0, and
+    its untrained twin is itself, so the trained-against-untrained check does not apply to it."""
+    return bool(metrics.get("best_epoch"))
+
+
 def separation(runs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """Per concept metric, in how many runs the trained codes score above both the untrained twin and random codes
-    on `kind` (runs where a value is undefined are not counted). `separates`: in at least 80% of the counted runs."""
+    """Per concept metric, in how many learned runs (`learned`) the trained codes score above both the untrained twin
+    and random codes on `kind` (runs where a value is undefined are not counted), overall and per k (`by_k`: k ->
+    (above, counted)). `separates`: in at least 80% of the counted runs."""
     out = []
     for key, title in SEPARATION_METRICS:
-        counted = above = 0
-        for metrics in runs:
+        by_k: dict[int, list[int]] = {}
+        for metrics in filter(learned, runs):
             variants = metrics["concepts"][kind]
             trained, untrained, random = (_variant_value(variants[v], key) for v in ("trained", "untrained", "random"))
             if trained is None or untrained is None or random is None:
                 continue
-            counted += 1
-            above += trained > max(untrained, random)
-        out.append({"metric": title, "runs": counted, "above": above, "separates": bool(counted) and above >= 0.8 * counted})
+            tally = by_k.setdefault(int(metrics["k"]), [0, 0])
+            tally[0] += trained > max(untrained, random)
+            tally[1] += 1
+        above, counted = sum(t[0] for t in by_k.values()), sum(t[1] for t in by_k.values())
+        out.append({"metric": title, "runs": counted, "above": above, "separates": bool(counted) and above >= 0.8 * counted,
+                    "by_k": {k: tuple(by_k[k]) for k in sorted(by_k)}})
     return out
 
 
@@ -146,25 +156,36 @@ def separation(runs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 SEEN_ACCURACY = 0.7
 
 
+def _tally(by_k: dict[int, tuple[int, int]]) -> str:
+    return ", ".join(f"k={k}: {above}/{counted}" for k, (above, counted) in sorted(by_k.items()))
+
+
 def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per family the intervention pairs of `kind` edit: in how many runs the trained codes' TAPAScore on that
+    """Per family the intervention pairs of `kind` edit: in how many learned runs the trained codes' TAPAScore on that
     family's pairs is above both the untrained twin's and random codes' (runs where a value is undefined are not
-    counted), the mean of each over the counted runs, the encoder's zero-shot accuracy on the family when known, and,
-    for a family that does not separate (`separates` as in `separation`), the likeliest reason in words."""
+    counted), overall and per k (`by_k`), the mean of each over the counted runs, the encoder's zero-shot accuracy on
+    the family when known, and, for a family that does not separate (`separates` as in `separation`), the likeliest
+    reason in words."""
     families = sorted({f for m in runs for f in ((m["concepts"][kind]["trained"].get("tapas") or {}).get("families") or {})})
     out = []
     for family in families:
-        values = []
-        for metrics in runs:
+        values, by_k = [], {}
+        for metrics in filter(learned, runs):
             scores = [((metrics["concepts"][kind][v].get("tapas") or {}).get("families") or {}).get(family, {}).get("score")
                       for v in ("trained", "untrained", "random")]
             if all(isinstance(x, (int, float)) and not math.isnan(x) for x in scores):
                 values.append(scores)
-        counted, above = len(values), sum(t > max(u, r) for t, u, r in values)
+                tally = by_k.setdefault(int(metrics["k"]), [0, 0])
+                tally[0] += scores[0] > max(scores[1], scores[2])
+                tally[1] += 1
+        by_k = {k: tuple(t) for k, t in by_k.items()}
+        counted, above = len(values), sum(t[0] for t in by_k.values())
         means = [json_number(m) for m in np.mean(values, axis=0)] if values else [None] * 3
         seen = zero_shot.get(family, {})
         accuracy, chance = (None if seen.get(key) is None else json_number(seen[key]) for key in ("accuracy", "chance"))
         separates = bool(counted) and above >= 0.8 * counted
+        failing = {k: t for k, t in by_k.items() if t[0] < 0.8 * t[1]}
+        passing = {k: t for k, t in by_k.items() if k not in failing}
         if separates:
             why = ""
         elif not counted:
@@ -172,14 +193,13 @@ def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str
         elif accuracy is not None and accuracy < SEEN_ACCURACY:
             why = (f"the encoder barely sees it (zero-shot accuracy {accuracy:.2f}, chance {chance:.2f}): no sparse code of "
                    "the embedding can follow an edit the embedding does not show")
-        elif accuracy is not None:
-            why = (f"the encoder sees it (zero-shot accuracy {accuracy:.2f}), but the latents matched to its values follow "
-                   "its edits no more than the untrained twin's or random codes")
         else:
-            why = "the latents matched to its values follow its edits no more than the untrained twin's or random codes"
-        out.append({"family": family, "runs": counted, "above": above, "trained": means[0], "untrained": means[1],
-                    "random": means[2], "zero_shot": accuracy,
-                    "separates": separates, "why": why})
+            seen_text = f"the encoder sees it (zero-shot accuracy {accuracy:.2f}); " if accuracy is not None else ""
+            why = seen_text + (f"trained codes follow its edits better than both baselines at {_tally(passing)} runs but not at "
+                               f"{_tally(failing)}, where the untrained twin's matched latents follow them about as well"
+                               if passing else f"trained codes follow its edits no better than both baselines ({_tally(failing)} runs)")
+        out.append({"family": family, "runs": counted, "above": above, "by_k": by_k, "trained": means[0], "untrained": means[1],
+                    "random": means[2], "zero_shot": accuracy, "separates": separates, "why": why})
     return out
 
 
