@@ -10,11 +10,12 @@ a real store of embeddings (e.g. the default run's store/embeddings/images.zarr 
 train/test split).
 
 Schedules (Cedar options; all with the training-budget rule's defaults, pipeline.training.schedule):
-- default: the shipped options (init identity, L1 loss, exponential curriculum over half of training, uniform random k)
-- pca-init: init "pca" (start at the PCA basis, learn a rotation away from it)
-- l2: loss "l2" (the squared error FVU measures)
-- pca-init+l2: both
-Usage: python bench/bench_cedar_bases.py [--ks 2,4,8,12] [--d 32] [--schedules default,pca-init,l2,pca-init+l2]
+- default: the shipped options (init "pca": start at the PCA basis and learn a rotation away from it; L1 loss,
+  exponential curriculum over half of training, uniform random k)
+- identity-init: init "identity" (start at U = I, the original coordinates)
+- l2: the default with loss "l2" (the squared error FVU measures)
+- identity-init+l2: both changes
+Usage: python bench/bench_cedar_bases.py [--ks 2,4,8,12] [--d 32] [--schedules default,identity-init,l2,identity-init+l2]
                                          [--embeddings PATH --data PATH] [--json OUT]
 """
 
@@ -36,7 +37,7 @@ from pipeline.models import build
 from pipeline.training.loop import TrainSettings
 from pipeline.training.sparse import fit_array
 
-SCHEDULES = {"default": {}, "pca-init": {"init": "pca"}, "l2": {"loss": "l2"}, "pca-init+l2": {"init": "pca", "loss": "l2"}}
+SCHEDULES = {"default": {}, "identity-init": {"init": "identity"}, "l2": {"loss": "l2"}, "identity-init+l2": {"init": "identity", "loss": "l2"}}
 
 
 def curve(model, x: np.ndarray, ks: list[int]) -> dict[int, float]:
