@@ -321,5 +321,8 @@ def test_pca_init_starts_at_the_pca_baseline_and_l2_loss_is_the_squared_error() 
     expected = ((batch - l2(batch, 2)) ** 2).sum(1).mean()
     torch.testing.assert_close(loss, expected)
     assert set(stats) >= {"l2", "l0"}
-    with pytest.raises(ValueError, match="at least 6 rows"):
-        build("cedar", 6, 6, 2, init="pca").fit_init(torch.as_tensor(x[:3]))
+    few = build("cedar", 6, 6, 2, init="pca")
+    few.fit_init(torch.as_tensor(x[:3]))  # 3 rows < d: their 2 principal axes, then an orthonormal completion
+    np.testing.assert_allclose(few.rotation @ few.rotation.T, np.eye(6), atol=1e-5)
+    centred = x[:3] - x[:3].mean(0)
+    np.testing.assert_allclose(np.linalg.norm(centred @ few.rotation[:2].T), np.linalg.norm(centred), rtol=1e-5)
