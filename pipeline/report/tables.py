@@ -131,24 +131,35 @@ def learned(metrics: dict[str, Any]) -> bool:
     return bool(metrics.get("best_epoch"))
 
 
+VARIANTS = ("trained", "untrained", "random")
+
+
+def _tally_by_k(runs: list[dict[str, Any]], scores: Any) -> tuple[dict[int, tuple[int, int]], list[list[float]]]:
+    """Over the learned runs whose `scores(metrics)` (trained, untrained, random) are all defined numbers: per k
+    (runs where trained is above both, runs counted), ascending k, and those scores."""
+    by_k: dict[int, list[int]] = {}
+    values = []
+    for metrics in filter(learned, runs):
+        row = scores(metrics)
+        if not all(isinstance(x, (int, float)) and not math.isnan(x) for x in row):
+            continue
+        values.append(row)
+        tally = by_k.setdefault(int(metrics["k"]), [0, 0])
+        tally[0] += row[0] > max(row[1], row[2])
+        tally[1] += 1
+    return {k: (by_k[k][0], by_k[k][1]) for k in sorted(by_k)}, values
+
+
 def separation(runs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """Per concept metric, in how many learned runs (`learned`) the trained codes score above both the untrained twin
     and random codes on `kind` (runs where a value is undefined are not counted), overall and per k (`by_k`: k ->
     (above, counted)). `separates`: in at least 80% of the counted runs."""
     out = []
     for key, title in SEPARATION_METRICS:
-        by_k: dict[int, list[int]] = {}
-        for metrics in filter(learned, runs):
-            variants = metrics["concepts"][kind]
-            trained, untrained, random = (_variant_value(variants[v], key) for v in ("trained", "untrained", "random"))
-            if trained is None or untrained is None or random is None:
-                continue
-            tally = by_k.setdefault(int(metrics["k"]), [0, 0])
-            tally[0] += trained > max(untrained, random)
-            tally[1] += 1
+        by_k, _ = _tally_by_k(runs, lambda m: [_variant_value(m["concepts"][kind][v], key) for v in VARIANTS])
         above, counted = sum(t[0] for t in by_k.values()), sum(t[1] for t in by_k.values())
         out.append({"metric": title, "runs": counted, "above": above, "separates": bool(counted) and above >= 0.8 * counted,
-                    "by_k": {k: tuple(by_k[k]) for k in sorted(by_k)}})
+                    "by_k": by_k})
     return out
 
 
@@ -169,16 +180,8 @@ def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str
     families = sorted({f for m in runs for f in ((m["concepts"][kind]["trained"].get("tapas") or {}).get("families") or {})})
     out = []
     for family in families:
-        values, by_k = [], {}
-        for metrics in filter(learned, runs):
-            scores = [((metrics["concepts"][kind][v].get("tapas") or {}).get("families") or {}).get(family, {}).get("score")
-                      for v in ("trained", "untrained", "random")]
-            if all(isinstance(x, (int, float)) and not math.isnan(x) for x in scores):
-                values.append(scores)
-                tally = by_k.setdefault(int(metrics["k"]), [0, 0])
-                tally[0] += scores[0] > max(scores[1], scores[2])
-                tally[1] += 1
-        by_k = {k: tuple(t) for k, t in by_k.items()}
+        by_k, values = _tally_by_k(runs, lambda m: [((m["concepts"][kind][v].get("tapas") or {}).get("families") or {})
+                                                    .get(family, {}).get("score") for v in VARIANTS])
         counted, above = len(values), sum(t[0] for t in by_k.values())
         means = [json_number(m) for m in np.mean(values, axis=0)] if values else [None] * 3
         seen = zero_shot.get(family, {})
