@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from importlib import resources
 from pathlib import Path
@@ -79,6 +80,14 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return cmd_preset(argparse.Namespace(name=f"{args.name}-smoke", params=args.params, force=args.force))
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """SIGTERM (a batch system's or `kill`'s stop) ends the flow's process through SystemExit, not the signal's
+    default action, so that its exit handlers run: the cluster closes and Prefect's temporary server stops (it is
+    a child process, stopped at exit; killed by the bare signal it kept running). Exit status 143 as with the
+    signal."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def cmd_flow(args: argparse.Namespace) -> int:
     """Validate params and the cluster, plan from DVC; --dry prints the plan, else the flow runs it (Prefect is
     imported only when there is work: it takes seconds to start). Exit status 1 when a stage failed."""
@@ -118,6 +127,7 @@ def flow_or_plan(args: argparse.Namespace) -> int:
         print("Data and pipelines are up to date.")
         return 0
     configure_prefect_env(root)
+    exit_cleanly_on_sigterm()
     from stages.flow.run import pipeline_flow
 
     outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
@@ -145,6 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_params(root / "params.yaml")
     choose_cluster(root / args.cluster_file, args.cluster, args.dask)
     configure_prefect_env(root)
+    exit_cleanly_on_sigterm()
     from stages.flow.run import serve
 
     parameters = {"targets": args.targets, "overrides": args.set, "cluster": args.cluster, "cluster_file": str(args.cluster_file),

@@ -49,6 +49,7 @@ def cedar(repo: Path, *args: str, during: Callable[[list[psutil.Process]], None]
     clusters.write_text(yaml.safe_dump(CLUSTERS))
     e = env()
     e.pop("PREFECT_API_URL", None)
+    e.pop("SHELL", None)  # DVC's shell is then /bin/sh, as on a batch node; dash forks the stage's command
     e["PREFECT_LOGGING_LEVEL"] = logging
     command = [sys.executable, "-m", "stages.cli", *args]
     if args[0] == "flow":
@@ -130,7 +131,7 @@ def test_nothing_is_left_running_and_the_logs_hold_no_errors(flowed):
     _, run = flowed
     assert run.left == []
     assert sum("uvicorn" in cmd for cmd in run.started.values()) == 1, "one Prefect server: the flow's, none on the workers"
-    assert sum("stages.cell" in cmd for cmd in run.started.values()) == 2
+    assert sum(cmd.split()[1:3] == ["-m", "stages.cell"] for cmd in run.started.values()) == 2, "each cell once"
     for word in ("ERROR", "Traceback", "EventsWorker"):
         assert word not in run.stderr, run.stderr[-5000:]
 
@@ -193,9 +194,8 @@ def test_a_worker_killed_while_it_trains_a_cell_is_retried_and_the_cell_resumes(
             return
         for process in processes:
             try:
-                if "stages.cell --method cedar" in " ".join(process.cmdline()):
-                    worker = process.parent()
-                    assert "multiprocessing" in " ".join(worker.cmdline()), worker.cmdline()
+                if process.cmdline()[1:5] == ["-m", "stages.cell", "--method", "cedar"]:
+                    worker = next(p for p in process.parents() if "multiprocessing" in " ".join(p.cmdline()))
                     killed.append(lock(repo)["rotation@cedar-4"] == before)
                     os.kill(worker.pid, signal.SIGKILL)
                     return
@@ -211,3 +211,32 @@ def test_a_worker_killed_while_it_trains_a_cell_is_retried_and_the_cell_resumes(
     dvc(reference, "repro")
     assert lock(repo) == lock(reference), "the interrupted cell ends as an undisturbed run's"
     assert "Running stage" not in dvc(repo, "repro")
+
+
+def test_a_flow_stopped_with_sigterm_exits_cleanly_and_a_rerun_finishes_its_work(flowed, reference):
+    """SIGTERM to the flow's process (a batch system's stop) while a cell runs: the flow exits with 143 through its
+    exit handlers, so the cluster, the stage and Prefect's temporary server are gone; nothing half-done is
+    recorded, and the next flow runs what was left and ends as `dvc repro` does."""
+    repo, _ = flowed
+    for project in (repo, reference):
+        edit(project / "params.yaml", lambda p: p["sweep"]["sae"]["ks"].append(2))
+    stopped: list[int] = []
+
+    def stop_the_flow_while_a_cell_runs(processes: list[psutil.Process]) -> None:
+        for process in processes:
+            try:
+                if not stopped and process.cmdline()[1:3] == ["-m", "stages.cell"]:
+                    driver = next(p for p in process.parents() if p.cmdline()[1:3] == ["-m", "stages.cli"])
+                    os.kill(driver.pid, signal.SIGTERM)
+                    stopped.append(driver.pid)
+            except psutil.Error:
+                pass
+
+    run = cedar(repo, "flow", during=stop_the_flow_while_a_cell_runs)
+    assert stopped and run.returncode == 143, run.stderr[-3000:]
+    assert run.left == [], "no worker, stage or Prefect server outlives the flow"
+    assert "sae@topk-32-2" not in lock(repo)
+    again = cedar(repo, "flow")
+    assert again.returncode == 0 and again.ran == ["report", "sae@topk-32-2"], again.stderr[-3000:]
+    dvc(reference, "repro")
+    assert lock(repo) == lock(reference)
