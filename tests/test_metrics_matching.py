@@ -213,3 +213,23 @@ def test_shared_first_step_counts_give_the_same_matchings() -> None:
     np.testing.assert_array_equal(one_to_one(active, labels, tp=tp).f1, one_to_one(active, labels).f1)
     with pytest.raises(ValueError, match="tp: expected counts of shape"):
         fbmp(active, labels, tp=tp[:, :2])
+
+
+def test_the_dense_and_sparse_products_count_the_same(monkeypatch) -> None:
+    """_tp_counts takes a sparse x dense product in float32 blocks for dense targets and a sparse x sparse one in
+    int64 for sparse targets: both exact, so FBMP and one-to-one do not depend on which ran (blocks of 7 rows
+    here, so the block sums are exercised)."""
+    rng = np.random.default_rng(5)
+    active = rng.random((100, 30)) < 0.2
+    labels = rng.random((100, 6)) < 0.3
+    monkeypatch.setattr(matching, "_BLOCK_ROWS", 7)
+    results = {}
+    for name, threshold in (("dense", 0.0), ("sparse", 1.1)):
+        monkeypatch.setattr(matching, "DENSE_TARGETS", threshold)
+        counts = matching.tp_counts(active, labels)
+        np.testing.assert_array_equal(counts, active.T.astype(np.int64) @ labels.astype(np.int64))
+        assert counts.dtype == np.int64
+        results[name] = (fbmp(active, labels, beta=0.5, k=4), one_to_one(active, labels))
+    for dense, sparse_ in zip(results["dense"], results["sparse"]):
+        assert [c.tolist() for c in dense.coalitions] == [c.tolist() for c in sparse_.coalitions]
+        np.testing.assert_array_equal(dense.f1, sparse_.f1)
