@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from sklearn.tree import DecisionTreeClassifier
@@ -124,6 +126,27 @@ def test_scores_are_bounded_and_subsample_is_seeded() -> None:
     assert result.per_concept[0] > result.per_concept[1]
     again = fms(codes, labels, max_n=250, seed=3)
     np.testing.assert_array_equal(result.per_concept, again.per_concept)
+
+
+def test_threads_change_nothing_but_the_time() -> None:
+    rng = np.random.default_rng(4)
+    codes = rng.random((300, 30)) * (rng.random((300, 30)) < 0.2)
+    labels = np.stack([codes[:, 0] > 0.1, rng.random(300) < 0.5, np.zeros(300, bool), (codes[:, 5] > 0) & (codes[:, 6] > 0)], axis=1)
+    one, four = fms(codes, labels, n_jobs=1), fms(codes, labels, n_jobs=4)
+    for field in ("per_concept", "cut_accuracy", "root_feature", "depth", "n_rows"):
+        np.testing.assert_array_equal(getattr(one, field), getattr(four, field))
+    assert one.fms == four.fms and np.isnan(one.per_concept[2])
+
+
+def test_available_threads_is_the_processes_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.metrics.threads import available_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert available_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert available_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OMP_NUM_THREADS", "zero")  # not a count: ignored
+    assert available_threads() == len(os.sched_getaffinity(0))
 
 
 def test_sparse_and_dense_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
