@@ -93,7 +93,7 @@ def test_tapascore_per_edited_family_by_hand():
     data = replace(data, pairs_family=np.where(frozen, "frozen", "moved"))
     model = build("identity", 4, 4, 1)
     model.fit_init(torch.as_tensor(x[data.match_rows]))
-    probes = fit_family_probes(data, seed=0)
+    probes = fit_family_probes(data, seed=0, max_n=20_000)
     settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
     tapas = concept_metrics(variant(model, data, x, pairs, probes), variant(model, data, x, pairs, probes), data, settings, seed=0)["trained"]["tapas"]
     assert tapas["score"] == pytest.approx(1.0) and tapas["n_pairs"] == 40
@@ -106,7 +106,7 @@ def test_aligned_axes_match_perfectly_and_respond_to_edits():
     model.fit_init(torch.as_tensor(x[data.match_rows]))
     twin = build("random_rotation", 4, 4, 1, seed=3)
     twin.fit_init(torch.as_tensor(x[data.match_rows]))
-    probes = fit_family_probes(data, seed=0)
+    probes = fit_family_probes(data, seed=0, max_n=20_000)
     settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
     result = concept_metrics(variant(model, data, x, pairs, probes), variant(twin, data, x, pairs, probes), data, settings, seed=0)
     trained = result["trained"]
@@ -145,9 +145,22 @@ def test_probe_stream_equals_the_probe_on_all_test_rows_at_once():
     data, x, pairs = toy(n=400, seed=3)
     model = build("pca", 4, 4, 1)
     model.fit_init(torch.as_tensor(x[data.match_rows]))
-    probes = fit_family_probes(data, seed=0)
+    probes = fit_family_probes(data, seed=0, max_n=20_000)
     streamed = variant(model, data, x, pairs, probes).probe
     rows = data.test_rows
     once = probe_scores(probes["f"], x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
     for field in ProbeStream.FIELDS:
         assert streamed[field] == pytest.approx(getattr(once, field), rel=1e-12, abs=1e-12)
+
+
+def test_the_probes_are_fitted_on_a_seeded_subsample_of_at_most_probe_max_n_matching_rows():
+    from pipeline.data.dataset import sample_rows
+    from pipeline.metrics.probe import fit_probe
+
+    data, x, _ = toy()
+    keep = sample_rows(np.arange(len(data.match_rows)), 40, 0)
+    expected = fit_probe(x[data.match_rows[keep]], np.argmax(data.labels(data.match_rows[keep]), axis=1), seed=0)
+    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=40)["f"].coef_, expected.coef_)
+    every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))["f"]
+    assert not np.array_equal(every.coef_, expected.coef_)
+    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=10**6)["f"].coef_, every.coef_)

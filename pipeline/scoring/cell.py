@@ -190,7 +190,7 @@ def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: Cel
     model, twin = model.to(device).eval(), twin.to(device).eval()
     test_rows = inputs.data.rows("test")
     kinds = {kind: concept_data(inputs, kind, evaluate, seed) for kind in inputs.data.kinds}
-    probes = {kind: fit_family_probes(d, seed) for kind, d in kinds.items()}
+    probes = {kind: fit_family_probes(d, seed, evaluate.probe_max_n) for kind, d in kinds.items()}
     start = time.perf_counter()
     codes = {name: encode_model(name, m, inputs, kinds, probes, evaluate, seed, codes_dir) for name, m in (("trained", model), ("untrained", twin))}
     log.info("%s: codes of %d test, %d matching rows and %d pairs in %.1f s", cell.name, len(test_rows), len(codes["trained"]["match"]),

@@ -14,8 +14,8 @@ same sparsifier) and random codes, on data with binary attribute labels:
 
 Sizes (what memory grows with): codes are sparse everywhere (`pipeline.scoring.codes`: read from the code sets
 the evaluation wrote, a CSR of the rows asked for). The coalitions are fitted on at most `max_match_rows` training
-rows (their codes and labels in memory); the held-out MATCHScores and the probes stream over every test row in
-blocks of `batch_size`; FMS and CKNNA, defined on subsamples, use a seeded subsample ("pool") of at most
+rows (their codes and labels in memory), the linear probes on at most `probe_max_n` of those; the held-out
+MATCHScores and the probes' scores stream over every test row in blocks of `batch_size`; FMS and CKNNA, defined on subsamples, use a seeded subsample ("pool") of at most
 `max_test_rows` test rows of the kind (FMS draws its balanced rows per concept from it, at most `fms_max_n` each;
 CKNNA at most `cknna_max_n` of them, the O(n^2) kernels). With the defaults and a test split of up to 20,000 rows
 per kind the pool is the whole split, as before this bound existed.
@@ -43,6 +43,7 @@ import numpy as np
 from pydantic import Field, Strict, model_validator
 from scipy import sparse
 
+from pipeline.data.dataset import sample_rows
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
@@ -65,7 +66,8 @@ class EvaluateSettings:
     when present); evaluation stays in float32. betas / match_ks: the FBMP rules reported (F_beta of the residual; coalition sizes); the
     recommended protocol is beta 0.5, k 3, which TAPAScore uses (tapas_beta, tapas_k). max_match_rows:
     training-split rows used to fit coalitions (subsampled with the seed). cknna_k: neighbours per row of CKNNA;
-    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees. max_test_rows: the
+    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees. probe_max_n: matching
+    rows the linear probes are fitted on (a seeded subsample when there are more). max_test_rows: the
     seeded subsample of a kind's test rows (the pool) that FMS and CKNNA draw from (the module docstring lists what
     memory grows with).
     Conventions (published default first, `pipeline.metrics` documents each): active_threshold: a latent is active
@@ -84,6 +86,7 @@ class EvaluateSettings:
     cknna_k: PositiveInt = 10
     cknna_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
     fms_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
+    probe_max_n: Annotated[int, Strict(), Field(ge=10)] = 20_000
     max_test_rows: Annotated[int, Strict(), Field(ge=10)] = 20_000
     device: Device = "auto"
     active_threshold: NonNegativeFloat = PUBLISHED_THRESHOLD
@@ -205,12 +208,16 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     return scores, tapas_matching
 
 
-def fit_family_probes(data: ConceptData, seed: int) -> dict[str, Any]:
-    """One multinomial probe per one-hot attribute family, fitted on the dense embeddings of the matching rows."""
+def fit_family_probes(data: ConceptData, seed: int, max_n: int) -> dict[str, Any]:
+    """One multinomial probe per one-hot attribute family, fitted on the dense embeddings of at most `max_n` of the
+    matching rows (a seeded subsample: the probe's cost grows with its rows, its quality hardly beyond ~10^4)."""
     probes = {}
-    x = data.embeddings(data.match_rows) if data.families else None
+    if not data.families:
+        return probes
+    keep = sample_rows(np.arange(len(data.match_rows)), max_n, seed)
+    x = data.embeddings(data.match_rows[keep])
     for family, columns in data.families.items():
-        y = data.y_match[:, columns]
+        y = data.y_match[keep][:, columns]
         if not (y.sum(axis=1) == 1).all():
             raise ValueError(f"attribute family {family!r} is not one-hot; the linear probe needs one class per image")
         probes[family] = fit_probe(x, np.argmax(y, axis=1), seed=seed)
