@@ -116,7 +116,7 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         images=thumbnails(data, *report_images(browser, examples)),
         separation={kind: separation(runs, kind) for kind in data.kinds},
         family_separation={kind: family_separation(runs, kind, encoder["zero_shot"]) for kind in data.kinds},
-        conventions=conventions(params.evaluate),
+        conventions=conventions(params.evaluate, {m: params.method_options(m) for m in dict.fromkeys(c.method for c in params.cells())}),
     )
     html = render(report)
     layout.report.parent.mkdir(parents=True, exist_ok=True)

@@ -124,3 +124,8 @@ def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
     assert all(c["deviation"] for c in ours.values())
     assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "is left out"
     assert ours["FMS: removals averaged"]["published"] == "1..9"
+    relu = "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"
+    with_methods = conventions(EvaluateSettings(), {"topk": {}, "relu": {"rescale": False, "l1_coef": 0.05}})
+    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[4:]] == [(relu, "off", False)]
+    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[4:]
+    assert (rescaled["value"], rescaled["published"], rescaled["deviation"]) == ("on", "off", True)

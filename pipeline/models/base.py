@@ -94,6 +94,9 @@ class SparseModel(nn.Module):
     autocast_safe: ClassVar[bool] = True
     #: training progress at which a curriculum reaches its target (0: the model has none; see CEDAR)
     curriculum_end: float = 0.0
+    #: boolean options that change the published method when they differ from their default: option -> what it
+    #: does, in the words the report's conventions line uses
+    DEVIATIONS: ClassVar[dict[str, str]] = {}
 
     @settings
     class Options:
@@ -127,6 +130,10 @@ class SparseModel(nn.Module):
     def training_loss(self, x: Tensor, progress: float, generator: torch.Generator) -> tuple[Tensor, dict[str, Tensor]]:
         """Scalar loss for one batch and named detached statistics (must include 'l0')."""
         raise NotImplementedError
+
+    def finish(self, x: Tensor) -> None:
+        """Called once after training (the kept epoch restored) with a sample of training inputs (n, d): a
+        post-training correction such as the ReLU SAE's `rescale`; default nothing."""
 
     def before_step(self) -> None:
         """Called after backward, before the optimiser step (e.g. project decoder gradients)."""

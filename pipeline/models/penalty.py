@@ -137,6 +137,39 @@ class PenaltySAE(SAE):
         return self.penalty_coef.detach().clone()
 
 
+@torch.no_grad()
+def rescale_gains(model: SAE, x: Tensor, iterations: int = 200, tol: float = 1e-6) -> Tensor:
+    """(n_latents,) gains s minimising sum ||xs - b_dec - (f * s) W_dec||^2 over the sample x (n, d), xs the scaled
+    inputs and f = relu(pre-activations) their codes, held fixed: least squares on the normal equations
+    (G^T G) s = G^T (xs - b_dec), G s = (f * s) W_dec, by conjugate gradients from s = 1 (never forming G^T G,
+    n_latents^2). A latent inactive on every row keeps gain 1."""
+    xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
+    f = F.relu(model.pre_activations(xs)).double()
+    w = model.W_dec.double()
+    target = xs.double() - model.b_dec.double()
+
+    def normal(s: Tensor) -> Tensor:  # G^T G s
+        return (f * (((f * s) @ w) @ w.T)).sum(0)
+
+    gains = torch.ones(model.n_latents, dtype=torch.float64, device=f.device)
+    residual = (f * (target @ w.T)).sum(0) - normal(gains)
+    direction = residual.clone()
+    start = rr = float(residual @ residual)
+    for _ in range(iterations):
+        if rr <= tol**2 * max(start, 1e-300):
+            break
+        step = normal(direction)
+        curvature = float(direction @ step)
+        if curvature <= 0:  # the rest of the direction is in G's null space: nothing left to fit
+            break
+        alpha = rr / curvature
+        gains += alpha * direction
+        residual -= alpha * step
+        rr, previous = float(residual @ residual), rr
+        direction = residual + (rr / previous) * direction
+    return gains.to(model.W_dec.dtype)
+
+
 class ReLUSAE(PenaltySAE):
     """ReLU SAE: codes = ReLU(pre-activations); loss = MSE + c * E[sum_i f_i ||d_i||], c = `penalty_coef`.
 
@@ -158,6 +191,11 @@ class ReLUSAE(PenaltySAE):
     - `l0_control_rate` (0.05): the controller's step; log c moves by at most this per step, so
       c can change 10x in ~50 steps. Measured on planted data (d 16, 64 latents, k 4 and 12, lr
       5e-4 to 5e-3, 420 steps): 0.02 - 0.1 all end with L0 within ~6 % of k, no oscillation.
+    - `rescale` (False): after training, correct the L1 penalty's shrinkage (Wright & Sharkey 2024, "Addressing
+      feature suppression in SAEs"): per-latent gains s fitted by least squares with the codes fixed, folded
+      into the decoder rows (`rescale_gains`). The published ReLU SAE has no such step, hence off by default;
+      on planted data (d 32, k 4, dictionary 64, noise 0.1) it takes the held-out FVU from 2.5x to 1.8x the
+      oracle's (bench/bench_training_budget.py).
     - plus `bias_init`, `dead_steps` (see `SAE`).
 
     With `target_l0`, `fit_init` also shifts `b_enc` so that each latent is positive on about a
@@ -170,6 +208,7 @@ class ReLUSAE(PenaltySAE):
 
     method = "relu"
     coef_name = "l1_coef"
+    DEVIATIONS: ClassVar[dict[str, str]] = {"rescale": "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"}
 
     @settings
     class Options(SAE.Options):
@@ -178,6 +217,7 @@ class ReLUSAE(PenaltySAE):
         l1_coef: NonNegativeFloat = 0.05
         target_l0: Bool = True
         l0_control_rate: PositiveFloat = 0.05
+        rescale: Bool = False
 
     def _init_sparsifier(self, pre: Tensor) -> None:
         """With `target_l0`: shift `b_enc` so each latent is positive on about a k/n_latents fraction of
@@ -188,6 +228,14 @@ class ReLUSAE(PenaltySAE):
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
         return F.relu(pre)
+
+    #: rows of the training sample the gains of `rescale` are fitted on (their codes are held densely)
+    RESCALE_ROWS: ClassVar[int] = 4096
+
+    @torch.no_grad()
+    def finish(self, x: Tensor) -> None:
+        if self.options.rescale:
+            self.W_dec.mul_(rescale_gains(self, x[: self.RESCALE_ROWS])[:, None])
 
     def _train_terms(self, xs: Tensor, pre: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         codes = F.relu(pre)

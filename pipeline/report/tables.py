@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.models import model_class
 from pipeline.records import json_number
 
 #: the caption sources, in the order the report shows them
@@ -206,9 +207,11 @@ def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str
     return out
 
 
-def conventions(evaluate: Any) -> list[dict[str, Any]]:
-    """The evaluation conventions in use against the published ones (the defaults of `EvaluateSettings`): what the
-    report's numbers mean, and where this run deliberately deviates."""
+def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The evaluation conventions in use against the published ones (the defaults of `EvaluateSettings`), then the
+    options of the swept methods that change a published method (the model class's `DEVIATIONS`; method_options:
+    method -> its validated options, `Params.method_options`): what the report's numbers mean, and where this run
+    deliberately deviates."""
     rules = [
         ("active_threshold", "binarisation: a latent is active above", lambda v: f"{v:g}"),
         ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"zero": "counts as 0", "skip": "is left out"}[v]),
@@ -217,5 +220,11 @@ def conventions(evaluate: Any) -> list[dict[str, Any]]:
                                                            "paper": "levels 2..D (the paper's formula)"}[v]),
     ]
     defaults = {f.name: f.default for f in dataclasses.fields(type(evaluate))}
-    return [{"convention": text, "value": show(getattr(evaluate, name)), "published": show(defaults[name]),
-             "deviation": getattr(evaluate, name) != defaults[name]} for name, text, show in rules]
+    out = [{"convention": text, "value": show(getattr(evaluate, name)), "published": show(defaults[name]),
+            "deviation": getattr(evaluate, name) != defaults[name]} for name, text, show in rules]
+    for method, options in (method_options or {}).items():
+        cls = model_class(method)
+        published = {f.name: f.default for f in dataclasses.fields(cls.Options)}
+        out += [{"convention": text, "value": "on" if options[name] else "off", "published": "on" if published[name] else "off",
+                 "deviation": options[name] != published[name]} for name, text in cls.DEVIATIONS.items()]
+    return out

@@ -74,6 +74,7 @@ def train_sparse(
     result = fit(model, batches, steps_per_epoch, settings, seed, validation, save_state, load_state, name=model.method)
     if result.best_epoch < 0:
         log.warning("%s: no epoch met the model's sparsity target; keeping the last one", model.method)
+    model.finish(torch.as_tensor(init_sample, dtype=torch.float32, device=device))
     return result
 
 
