@@ -233,3 +233,20 @@ def test_the_dense_and_sparse_products_count_the_same(monkeypatch) -> None:
     for dense, sparse_ in zip(results["dense"], results["sparse"]):
         assert [c.tolist() for c in dense.coalitions] == [c.tolist() for c in sparse_.coalitions]
         np.testing.assert_array_equal(dense.f1, sparse_.f1)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_later_steps_count_against_the_residual_or_the_covered_labels_alike(aligned: bool) -> None:
+    """After the first step FBMP counts TP against the residual, or, when the chosen latents already cover fewer
+    labels than remain, as TP(labels) - TP(covered labels). Strongly aligned latents take the first way, weak ones
+    the second (checked on the first latents chosen); both give the reference coalitions."""
+    rng = np.random.default_rng(11)
+    n, n_latents = 400, 16
+    labels = rng.random((n, 4)) < 0.3
+    active = rng.random((n, n_latents)) < 0.2
+    if aligned:
+        active[:, :4] = labels & (rng.random((n, 4)) < 0.9)
+    result = fbmp(active, labels, beta=0.5, k=3)
+    assert [c.tolist() for c in result.coalitions] == _reference_fbmp(active, labels, 0.5, 3)
+    covered = sum(int((labels[:, a] & active[:, c[0]]).sum()) for a, c in enumerate(result.coalitions))
+    assert (covered > labels.sum() - covered) == aligned

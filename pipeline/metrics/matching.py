@@ -253,7 +253,8 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     (ties: lowest index), drop its activations from r, and keep it only if F1(y, OR of the
     coalition) strictly improves (the first latent is always kept); the first rejection ends the
     coalition. Implementation: the labels, residuals and predictions of the still-running attributes are the
-    columns of bool CSC arrays (n, running); each step takes one sparse `_tp_counts` product for their TP counts,
+    columns of bool CSC arrays (n, running); each step takes one `_tp_counts` product for their TP counts (after the
+    first, against the residuals or, when fewer labels are already covered, TP(labels) - TP(covered labels)),
     scores `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax),
     gathers the winning latent's column for every attribute at once (from a CSC copy of the codes), updates the
     predictions with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns.
@@ -279,17 +280,26 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     truth = sparse.csc_array(labels[:, running])
     residual = truth.copy()
     yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
-    first = _given_tp(tp, active, labels)[:, running] if tp is not None else None
+    base = _given_tp(tp, active, labels)[:, running] if tp is not None else None
+    covered = None  # truth AND yhat: the labels the coalitions already predict (residual = truth - covered)
     for step in range(k):
         if running.size == 0:
             break
-        tp = (first if step == 0 and first is not None else _tp_counts(active, residual)).astype(np.float64)
+        if step == 0:
+            base = base if base is not None else _tp_counts(active, truth)  # TP against the labels themselves
+            counts = base
+        elif covered.nnz < residual.nnz:  # fewer rows to multiply: TP(residual) = TP(labels) - TP(covered), exact
+            counts = base - _tp_counts(active, covered)
+        else:
+            counts = _tp_counts(active, residual)
+        tp = counts.astype(np.float64)
         den = beta2 * _column_sizes(residual)[None, :] + n_active[:, None]
         score = np.divide(tp, den, out=np.zeros_like(tp), where=den > 0)
         best = np.argmax(score, axis=0)
         gathered = by_column[:, best]
         new_hat = yhat.maximum(gathered)
-        tp_new = _column_sizes(new_hat.multiply(truth))
+        covered = new_hat.multiply(truth)
+        tp_new = _column_sizes(covered)
         n_new = _column_sizes(new_hat)
         if step == 0:
             accept = np.ones(running.size, dtype=bool)
@@ -303,7 +313,7 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
         for attribute, latent in zip(kept.tolist(), best[accept].tolist()):
             chosen[attribute].append(latent)
         residual = (residual - residual.multiply(gathered))[:, accept]
-        yhat, truth, running = new_hat[:, accept], truth[:, accept], kept
+        yhat, truth, covered, base, running = new_hat[:, accept], truth[:, accept], covered[:, accept], base[:, accept], kept
     f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
