@@ -149,6 +149,14 @@ def test_available_threads_is_the_processes_share(monkeypatch: pytest.MonkeyPatc
     assert available_threads() == len(os.sched_getaffinity(0))
 
 
+def test_thread_map_keeps_the_order_on_any_number_of_threads() -> None:
+    from pipeline.metrics.threads import thread_map
+
+    for jobs in (1, 3, None):
+        assert thread_map(lambda i: i * i, range(7), jobs) == [0, 1, 4, 9, 16, 25, 36]
+    assert thread_map(lambda i: i, [], 4) == []
+
+
 def test_sparse_and_dense_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(2)
     codes = rng.random((300, 40)) * (rng.random((300, 40)) < 0.1)

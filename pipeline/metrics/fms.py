@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,7 +58,7 @@ from scipy import sparse
 from sklearn.tree import DecisionTreeClassifier
 
 from pipeline.metrics.csr import to_csr
-from pipeline.metrics.threads import available_threads
+from pipeline.metrics.threads import thread_map
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
@@ -264,12 +263,7 @@ def fms(
             return rows.size, None
         return rows.size, _concept_scores(clf, x, y, removals, levels, seed)
 
-    jobs = available_threads() if n_jobs is None else n_jobs
-    if jobs > 1:  # scikit-learn grows trees without the GIL: concepts on threads scale with the cores
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(score, range(n_concepts)))
-    else:
-        results = [score(c) for c in range(n_concepts)]
+    results = thread_map(score, range(n_concepts), n_jobs)  # scikit-learn grows trees without the GIL
     acc0 = np.full(n_concepts, np.nan)
     local = np.full(n_concepts, np.nan)
     global_ = np.full(n_concepts, np.nan)

@@ -36,14 +36,13 @@ Degenerate cases (documented conventions):
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import sparse
 
 from pipeline.metrics.csr import column_counts, first_non_finite, is_sparse, row_of_entries, to_csr
-from pipeline.metrics.threads import available_threads
+from pipeline.metrics.threads import thread_map
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ def _tp_counts(active: sparse.csr_array, targets: np.ndarray | sparse.csc_array)
     targets (`DENSE_TARGETS`): sparse targets (FBMP's residuals) go through one sparse x sparse product in int64,
     whose cost is the sum over rows of (active latents) x (true targets); dense ones (attribute labels) through
     sparse x dense products in float32 over blocks of rows, exact because every partial sum is an integer below
-    2^24 (float64 beyond that many rows), the blocks spread over `available_threads()` threads (scipy's products
+    2^24 (float64 beyond that many rows), the blocks spread over the process's threads (`thread_map`) (scipy's products
     run without the GIL: 1.84 s -> 1.00 s on 2 cores at 120 k x 16,384 x 308). Neither densifies the codes.
     """
     n = active.shape[0]
@@ -188,12 +187,7 @@ def _tp_counts(active: sparse.csr_array, targets: np.ndarray | sparse.csc_array)
         rows = rows.toarray() if sparse.issparse(rows) else rows
         return active[start : start + _BLOCK_ROWS].T.astype(dtype) @ rows.astype(dtype)
 
-    starts = range(0, n, _BLOCK_ROWS)
-    jobs = min(available_threads(), len(starts))
-    if jobs > 1:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            return sum(pool.map(block, starts)).astype(np.int64)
-    return sum(map(block, starts)).astype(np.int64)
+    return sum(thread_map(block, range(0, n, _BLOCK_ROWS))).astype(np.int64)
 
 
 def _column_sizes(x: sparse.csc_array) -> np.ndarray:

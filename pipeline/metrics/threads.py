@@ -1,4 +1,5 @@
-"""How many threads a metric may use: the CPU budget the process was given, not the machine's core count.
+"""How many threads a metric may use (the CPU budget the process was given, not the machine's core count), and
+mapping a function over items on that many threads.
 
 A stage that runs beside others (`cedar flow` on a shared node, a batch job with 2 of 64 cores) gets its share
 through OMP_NUM_THREADS, the variable torch and BLAS read; without it, the cores this process may run on.
@@ -7,6 +8,12 @@ through OMP_NUM_THREADS, the variable torch and BLAS read; without it, the cores
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def available_threads() -> int:
@@ -15,3 +22,14 @@ def available_threads() -> int:
     if value.isdigit() and int(value) > 0:
         return int(value)
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def thread_map(function: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
+    """[function(item) for item in items], in order, on `jobs` threads (default `available_threads()`; one: no
+    pool). Worth it where `function` spends its time without the GIL (scikit-learn's trees, scipy's products)."""
+    items = list(items)
+    jobs = min(available_threads() if jobs is None else jobs, len(items))
+    if jobs <= 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(function, items))

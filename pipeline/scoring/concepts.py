@@ -15,10 +15,11 @@ same sparsifier) and random codes, on data with binary attribute labels:
 Sizes (what memory grows with): codes are sparse everywhere (`pipeline.scoring.codes`: read from the code sets
 the evaluation wrote, a CSR of the rows asked for). The coalitions are fitted on at most `max_match_rows` training
 rows (their codes and labels in memory), the linear probes on at most `probe_max_n` of those; the held-out
-MATCHScores and the probes' scores stream over every test row in blocks of `batch_size`; FMS and CKNNA, defined on subsamples, use a seeded subsample ("pool") of at most
-`max_test_rows` test rows of the kind (FMS draws its balanced rows per concept from it, at most `fms_max_n` each;
-CKNNA at most `cknna_max_n` of them, the O(n^2) kernels). With the defaults and a test split of up to 20,000 rows
-per kind the pool is the whole split, as before this bound existed.
+MATCHScores and the probes' scores stream over every test row in blocks of `batch_size`; FMS and CKNNA, defined
+on subsamples, use a seeded subsample ("pool") of at most `max_test_rows` test rows of the kind (FMS draws its
+balanced rows per concept from it, at most `fms_max_n` each; CKNNA at most `cknna_max_n` of them, the O(n^2)
+kernels). With the defaults and a test split of up to 20,000 rows per kind the pool is the whole split, as before
+this bound existed.
 
 Binarisation: a latent is active when its non-negative activation exceeds `evaluate.active_threshold` (the
 published 1e-8 by default; 0 is an option); CEDAR and rotation models are seen through their half-axis view
@@ -215,9 +216,9 @@ def fit_family_probes(data: ConceptData, seed: int, max_n: int) -> dict[str, Any
     if not data.families:
         return probes
     keep = sample_rows(np.arange(len(data.match_rows)), max_n, seed)
-    x = data.embeddings(data.match_rows[keep])
+    x, labels = data.embeddings(data.match_rows[keep]), data.y_match[keep]
     for family, columns in data.families.items():
-        y = data.y_match[keep][:, columns]
+        y = labels[:, columns]
         if not (y.sum(axis=1) == 1).all():
             raise ValueError(f"attribute family {family!r} is not one-hot; the linear probe needs one class per image")
         probes[family] = fit_probe(x, np.argmax(y, axis=1), seed=seed)

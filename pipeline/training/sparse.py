@@ -62,7 +62,8 @@ def train_sparse(
     """Initialise `model` from init_sample (m, d) and train it; validation on x_val (n_val, d) picks the epoch kept."""
     device = resolve_device(settings.device)
     model.to(device)
-    model.fit_init(torch.as_tensor(init_sample, dtype=torch.float32, device=device))
+    init = torch.as_tensor(init_sample, dtype=torch.float32, device=device)
+    model.fit_init(init)
     x_val_t = torch.as_tensor(x_val, dtype=torch.float32, device=device)
     if not model.trainable:
         model.eval()
@@ -74,7 +75,7 @@ def train_sparse(
     result = fit(model, batches, steps_per_epoch, settings, seed, validation, save_state, load_state, name=model.method)
     if result.best_epoch < 0:
         log.warning("%s: no epoch met the model's sparsity target; keeping the last one", model.method)
-    model.finish(torch.as_tensor(init_sample, dtype=torch.float32, device=device))
+    model.finish(init)
     return result
 
 
