@@ -33,8 +33,8 @@ import torch
 
 from pipeline.data.planted import planted
 from pipeline.metrics.reconstruction import fvu
-from pipeline.models import build
-from pipeline.training.loop import TrainSettings
+from pipeline.models.registry import build
+from pipeline.training.options import TrainSettings
 from pipeline.training.sparse import fit_array
 
 SCHEDULES = {"default": {}, "identity-init": {"init": "identity"}, "l2": {"loss": "l2"}, "identity-init+l2": {"init": "identity", "loss": "l2"}}

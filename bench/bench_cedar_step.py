@@ -60,7 +60,7 @@ class PlainTopK(nn.Module):
 def pipeline_topk(d: int, k: int) -> nn.Module | None:
     """`pipeline.models.sae.TopKSAE` with dictionary size d, or None while it does not exist."""
     try:
-        from pipeline.models import build
+        from pipeline.models.registry import build
 
         return build("topk", d=d, dict_size=d, k=k, seed=0)
     except (ImportError, AttributeError):

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from pipeline.data.planted import Planted, planted  # noqa: E402
 from pipeline.metrics.reconstruction import fvu  # noqa: E402
 from pipeline.metrics.recovery import axis_recovery  # noqa: E402
-from pipeline.models import build  # noqa: E402
+from pipeline.models.registry import build  # noqa: E402
 from pipeline.scoring.planted import oracle_fvu  # noqa: E402
 from pipeline.training.sparse import fit_cedar as fit  # noqa: E402
 

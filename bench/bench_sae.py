@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from pipeline.models import build
+from pipeline.models.registry import build
 from pipeline.training.device import resolve_device
 
 METHODS = ["relu", "topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"]

@@ -142,7 +142,7 @@ def side_by_side(p: Any, layout: Any, cell: Any, settings: Any) -> dict[str, Any
     import torch
 
     from pipeline.data.dataset import open_dataset, sample_rows
-    from pipeline.models import build
+    from pipeline.models.registry import build
     from pipeline.store import open_store
     from pipeline.training.loop import array_batches, fit, make_optimizer
 

@@ -124,7 +124,7 @@ def bare_steps(model: torch.nn.Module, x: torch.Tensor, steps: int, batch: int, 
 
 
 def cells(args: argparse.Namespace, device: torch.device, root: Path) -> None:
-    from pipeline.models import build
+    from pipeline.models.registry import build
     from pipeline.scoring.codes import open_codes
     from pipeline.store import open_store
     from stages import evaluate, train

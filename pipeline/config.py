@@ -1,11 +1,12 @@
 """The schema of params.yaml, composed from the settings every component owns; every stage validates through it.
 
-Each section is one component's `@settings` dataclass (`pipeline.settings`): `data` (`pipeline.data.sources`),
-`encoder` (`pipeline.encoders.embedded.EmbeddedSettings` or `pipeline.encoders.registry.PretrainedSettings`),
-`train` (`pipeline.training.loop.TrainSettings`), `sweep` (`pipeline.grid`), `methods.<m>` (the model class's
-`Options`, plus an optional partial `train:` override), `evaluate` (`pipeline.scoring.concepts.EvaluateSettings`),
-`planted` (`pipeline.scoring.planted.PlantedSettings`), `captions` (`pipeline.explain.decoder.DecoderSettings`),
-`explain` (`pipeline.explain.run.ExplainSettings`); `extract` and `report` are the stages' own. This module adds
+Each section is one component's `@settings` dataclass (`pipeline.settings`), declared in its package's light
+`options` module (pydantic and numpy only: loading this schema, as every stage and `cedar validate` do, loads no
+torch, scikit-learn or zarr): `data` (`pipeline.data.options`), `encoder` (`pipeline.encoders.options`:
+`EmbeddedSettings` or `PretrainedSettings`), `train` (`pipeline.training.options.TrainSettings`), `sweep`
+(`pipeline.grid`), `methods.<m>` (the method's options class, `pipeline.models.options`, plus an optional partial
+`train:` override), `evaluate` and `planted` (`pipeline.scoring.options`), `captions` and `explain`
+(`pipeline.explain.options`); `extract` and `report` are the stages' own, declared here. This module adds
 only what no single component can check: the cross-field rules of the sweep grid.
 
 Unknown keys, duplicate keys, wrong types and impossible values fail with one line per problem naming the file,
@@ -13,8 +14,8 @@ the key and the value (e.g. `params.yaml: sweep.sae.ks[1]: k=512 > dictionary si
 Beyond each component's own rules this module refuses what only the whole file shows: a grid cell that cannot
 exist, `evaluate.ks` / `explain.caption_ks` beyond the latents of the rotation runs (d), `evaluate.match_ks` beyond
 the smallest latent count, and splits too small for the evaluation (`split_problems`: exact for the scene world
-here; a real dataset's file table is counted by `resource_problems`, which `cedar validate` also uses to report
-pretrained weights that are not available offline, and by the data stage once the images are read).
+here; a real dataset's file table is counted by `pipeline.resources.resource_problems`, which `cedar validate` also
+uses to report pretrained weights that are not available offline, and by the data stage once the images are read).
 
 Sweep design: the grid is two DVC `matrix` stages — rotations (CEDAR and the rotation baselines, one latent per
 embedding dimension, so only k varies) and SAEs (method x dictionary size x k). A k larger than a dictionary size
@@ -31,17 +32,14 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.data.sources import DataSettings, FileSettings, ScenesSettings, SyntheticSettings, split_counts
-from pipeline.encoders.embedded import EmbeddedSettings
-from pipeline.encoders.registry import PretrainedSettings, unavailable_offline
-from pipeline.explain.decoder import DecoderSettings
-from pipeline.explain.run import ExplainSettings
+from pipeline.data.options import DataSettings, ScenesSettings, SyntheticSettings
+from pipeline.encoders.options import EmbeddedSettings, PretrainedSettings
+from pipeline.explain.options import DecoderSettings, ExplainSettings
 from pipeline.grid import Cell, Sweep, cells
-from pipeline.models import METHODS, ROTATION_METHODS, model_class
-from pipeline.scoring.concepts import EvaluateSettings
-from pipeline.scoring.planted import PlantedSettings
+from pipeline.models.options import OPTIONS, ROTATION_METHODS, options_class
+from pipeline.scoring.options import EvaluateSettings, PlantedSettings
 from pipeline.settings import NonNegativeInt, PositiveInt, settings
-from pipeline.training.loop import TrainSettings
+from pipeline.training.options import TrainSettings
 
 
 class ParamsError(ValueError):
@@ -110,8 +108,8 @@ class Params(BaseModel):
             if method not in ROTATION_METHODS:
                 problems.append(f"sweep.rotation.methods[{i}]: {method!r} is not a rotation method ({', '.join(sorted(ROTATION_METHODS))})")
         for i, method in enumerate(sae.methods):
-            if method not in METHODS or method in ROTATION_METHODS:
-                problems.append(f"sweep.sae.methods[{i}]: {method!r} is not an SAE method ({', '.join(sorted(set(METHODS) - ROTATION_METHODS))})")
+            if method not in OPTIONS or method in ROTATION_METHODS:
+                problems.append(f"sweep.sae.methods[{i}]: {method!r} is not an SAE method ({', '.join(sorted(set(OPTIONS) - ROTATION_METHODS))})")
         for i, k in enumerate(rotation.ks):
             if k < 1 or (self.d is not None and k > self.d):
                 problems.append(f"sweep.rotation.ks[{i}]: k={k} must be in 1..d={self.d} (the encoder's embedding dimension)")
@@ -129,16 +127,16 @@ class Params(BaseModel):
             if len(set(values)) != len(values):
                 problems.append(f"{name}: duplicate values {list(values)}")
         for method in [*rotation.methods, *sae.methods]:
-            if method in METHODS and method not in self.methods:  # an unknown one is reported above
+            if method in OPTIONS and method not in self.methods:  # an unknown one is reported above
                 problems.append(f"methods.{method}: missing (every swept method needs an entry; `{method}: {{}}` uses the defaults)")
         for method, options in self.methods.items():
-            if method not in METHODS:
-                problems.append(f"methods.{method}: unknown method (known: {', '.join(sorted(METHODS))})")
+            if method not in OPTIONS:
+                problems.append(f"methods.{method}: unknown method (known: {', '.join(sorted(OPTIONS))})")
                 continue
             problems.extend(_check_options(method, options if options is not None else {}, self.train))
         problems.extend(self._latent_counts())
         if isinstance(self.data, ScenesSettings):
-            problems.extend(split_problems(split_counts(self.data, self.seed), self))
+            problems.extend(split_problems(self.data.split_counts(self.seed), self))
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -160,7 +158,7 @@ class Params(BaseModel):
         """Validated options of `method` (its `Options` fields, without the `train` override) as a dict."""
         options = dict(self.methods.get(method) or {})
         options.pop("train", None)
-        return dataclasses.asdict(model_class(method).Options(**options))
+        return dataclasses.asdict(options_class(method)(**options))
 
     def train_settings(self, method: str) -> TrainSettings:
         """The loop settings for `method`: `train:` with the method's `train:` overrides applied."""
@@ -188,7 +186,7 @@ def _check_options(method: str, options: Any, train: TrainSettings) -> list[str]
     opts = dict(options)
     override = opts.pop("train", None)
     try:
-        model_class(method).Options(**opts)
+        options_class(method)(**opts)
     except ValidationError as e:
         problems.extend(_format(e, f"methods.{method}"))
     if override is not None:
@@ -248,24 +246,6 @@ def split_problems(counts: dict[str, tuple[int, int, int]], params: "Params") ->
     if counts and sum(val for _, val, _ in counts.values()) < 1:
         problems.append(f"data.split: {list(params.data.split)} leaves no validation image; training validates on that split")
     return problems
-
-
-def resource_problems(params: Params, source: str = "params.yaml") -> list[str]:
-    """What params name outside this file that is unusable, one line each prefixed by `source`: pretrained weights
-    that are neither local nor in the hub cache while offline (a cache lookup, no download), and a real dataset
-    whose file table gives splits too small for the evaluation. `cedar validate` runs it; it reads directories and
-    caches, so the stages leave it to the stage that loads the resource."""
-    problems = []
-    if isinstance(params.encoder, PretrainedSettings):
-        problem = unavailable_offline(params.encoder)
-        if problem:
-            problems.append(problem)
-    if isinstance(params.data, FileSettings) and not params.data.on_hub:  # a hub dataset is counted once fetched, by the data stage
-        try:
-            problems += split_problems(split_counts(params.data, params.seed), params)
-        except (OSError, ValueError) as e:  # the loaders' LayoutError is a ValueError
-            problems.append(f"data.root: {params.data.root}: {str(e).splitlines()[0]}")
-    return [f"{source}: {line}" for line in problems]
 
 
 def validate_params(raw: Any, source: str = "params.yaml") -> Params:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BeforeValidator, ConfigDict, Field, PlainValidator, Strict
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, PlainValidator, Strict
 from pydantic.dataclasses import dataclass
 
 T = TypeVar("T")
@@ -59,6 +60,20 @@ def _positive_or_auto(value: object) -> float | str:
     return float(value)
 
 
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device(name: str) -> str:
+    """`name` if it is a device this project knows ("auto", "cpu", "cuda", "cuda:<index>", "mps"), else ValueError."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"unknown device {name!r}; expected 'auto', 'cpu', 'cuda', 'cuda:<index>' or 'mps'")
+    return name
+
+
+#: a settings field naming a torch device (validated by `check_device`; `pipeline.training.device` resolves it)
+Device = Annotated[str, AfterValidator(check_device)]
+
+
 #: a positive finite number, or "auto" (the component computes it; e.g. the training loop's learning rate)
 PositiveOrAuto = Annotated[float | Literal["auto"], PlainValidator(_positive_or_auto)]
 
@@ -66,7 +81,7 @@ PositiveOrAuto = Annotated[float | Literal["auto"], PlainValidator(_positive_or_
 def settings(cls: type[T]) -> type[T]:
     """Make `cls` a frozen settings dataclass validated on construction (see the module docstring).
 
-    Validation errors are `pydantic.ValidationError`s (a `ValueError`); `pipeline.config.format_errors`
+    Validation errors are `pydantic.ValidationError`s (a `ValueError`); `pipeline.config` (its `_format`)
     turns them into one line per problem naming the key.
     """
     return dataclass(frozen=True, config=CONFIG)(cls)  # type: ignore[return-value]

@@ -33,7 +33,8 @@ def preset_text(name: str) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """The file (`load_params`, what every stage checks), then what it names outside itself (`resource_problems`:
     pretrained weights available offline, a real dataset's splits)."""
-    from pipeline.config import ParamsError, load_params, resource_problems
+    from pipeline.config import ParamsError, load_params
+    from pipeline.resources import resource_problems
 
     params = load_params(args.params)
     problems = resource_problems(params, str(args.params))

@@ -20,7 +20,8 @@ import numpy as np
 
 from pipeline.config import Params, ParamsError, load_params, split_problems
 from pipeline.data.dataset import IMAGES, write_dataset
-from pipeline.data.sources import SyntheticSettings, read_source
+from pipeline.data.options import SyntheticSettings
+from pipeline.data.sources import read_source
 from pipeline.data.synthetic import write_synthetic
 from pipeline.paths import Layout
 from pipeline.records import write_json

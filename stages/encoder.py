@@ -25,7 +25,8 @@ import numpy as np
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import Dataset, open_dataset, sample_rows
 from pipeline.encoders.base import Encoder
-from pipeline.encoders.embedded import EmbeddedSettings, load_embedded, save_embedded, train_embedded
+from pipeline.encoders.embedded import load_embedded, save_embedded, train_embedded
+from pipeline.encoders.options import EmbeddedSettings
 from pipeline.encoders.registry import load_encoder, save_spec
 from pipeline.encoders.zero_shot import zero_shot_accuracy
 from pipeline.paths import Layout

@@ -29,8 +29,8 @@ import numpy as np
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.grid import Cell
-from pipeline.models import build
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
+from pipeline.models.registry import build
 from pipeline.paths import Layout
 from pipeline.provenance import digest, rows_digest
 from pipeline.records import write_json

@@ -14,10 +14,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.explain.decoder import DecoderSettings, decode_captions, train_decoder  # noqa: E402
-from pipeline.explain.run import Concepts, ExplainSettings, KindData  # noqa: E402
-from pipeline.models import build  # noqa: E402
-from pipeline.training.loop import TrainSettings  # noqa: E402
+from pipeline.explain.decoder import decode_captions, train_decoder
+from pipeline.explain.options import (
+    DecoderSettings,  # noqa: E402
+    ExplainSettings,  # noqa: E402
+)
+from pipeline.explain.run import Concepts, KindData
+from pipeline.models.registry import build  # noqa: E402
+from pipeline.training.options import TrainSettings  # noqa: E402
 from tests.scratch import copy_repo, dvc, scratch_copy  # noqa: E402
 
 torch.set_num_threads(1)

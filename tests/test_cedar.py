@@ -12,7 +12,6 @@ import torch
 from pipeline.data.planted import planted
 from pipeline.metrics.reconstruction import fvu
 from pipeline.metrics.recovery import axis_recovery
-from pipeline.models import build
 from pipeline.models.cedar import (
     Cedar,
     cayley_rotation,
@@ -23,6 +22,7 @@ from pipeline.models.cedar import (
     sample_k,
 )
 from pipeline.models.checkpoint import load_model, save_model
+from pipeline.models.registry import build
 from pipeline.training.sparse import fit_cedar
 
 PARAMETRIZATIONS = ["expm", "cayley", "householder"]

@@ -82,8 +82,8 @@ def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
 @pytest.mark.parametrize("damage", ["none", "other_inputs", "no_weights", "no_history", "bad_json", "old_schema", "no_fingerprint",
                                     "garbage_weights", "truncated_weights", "broken_header", "no_digest"])
 def test_a_checkpoint_is_reused_only_when_finished_from_the_same_inputs_and_intact(tmp_path, damage, caplog):
-    from pipeline.models import build
     from pipeline.models.checkpoint import save_model
+    from pipeline.models.registry import build
 
     directory, history = tmp_path / "run", tmp_path / "run" / "history.json"
     save_model(build("topk", 4, 8, 2, seed=0), directory, {"fingerprint": "abc"})

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.models import build
 from pipeline.models.checkpoint import CheckpointError, load_model, load_weights, save_model, save_weights
+from pipeline.models.registry import build
 from pipeline.training.loop import TrainState, make_optimizer
 from pipeline.training.resume import load_resume, save_resume
 

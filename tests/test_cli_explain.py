@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ParamsError, validate_params
-from pipeline.explain.decoder import DecoderSettings
-from pipeline.explain.run import ExplainSettings
+from pipeline.explain.options import DecoderSettings, ExplainSettings
+from pipeline.training.options import TrainSettings
 from stages.cli import choose_run, main, preset_text
 
 
@@ -104,13 +104,13 @@ def open_clip_project(root: Path) -> Path:
     from PIL import Image
     from safetensors.torch import save_file
 
-    from pipeline.encoders.registry import PretrainedSettings, load_encoder, save_spec
+    from pipeline.encoders.options import PretrainedSettings
+    from pipeline.encoders.registry import load_encoder, save_spec
     from pipeline.explain.decoder import save_decoder, train_decoder
-    from pipeline.models import build
     from pipeline.models.checkpoint import save_model
+    from pipeline.models.registry import build
     from pipeline.paths import Layout
     from pipeline.store import write_array
-    from pipeline.training.loop import TrainSettings
 
     layout = Layout(root)
     (root / "params.yaml").write_text(preset_text("tiny"))

@@ -8,8 +8,8 @@ import torch
 from scipy import sparse
 
 from pipeline.metrics.reconstruction import ReconstructionAccumulator
-from pipeline.models import build
 from pipeline.models.base import half_axes, tensor_csr
+from pipeline.models.registry import build
 from pipeline.scoring.codes import ArrayCodes, CodesWriter, open_codes
 from pipeline.scoring.reconstruction import encode_rows
 from pipeline.store import StoreError, write_array

@@ -168,3 +168,14 @@ def test_cli_validate_and_preset(tmp_path, capsys):
     target.write_text("seed: 1\ndata: {kinds: {objects: {n_images: 100}}}\nsweep: {rotation: {methods: [cedar], ks: [999]}, sae: {methods: [topk], dict_sizes: [8], ks: [4]}}\nmethods: {cedar: {}, topk: {}}\n")
     assert cli(["validate", str(target)]) == 2
     assert "sweep.rotation.ks[0]: k=999" in capsys.readouterr().err
+
+
+def test_the_options_registry_names_every_model_and_its_options_class():
+    """`pipeline.models.options.OPTIONS` (what the light schema checks `methods.<m>` against) and the model registry
+    (what the stages build) list the same methods, each model's `Options` being its entry."""
+    from pipeline.models.options import OPTIONS, ROTATION_METHODS
+    from pipeline.models.registry import METHODS
+
+    assert set(OPTIONS) == set(METHODS)
+    assert {m: METHODS[m].Options for m in METHODS} == OPTIONS
+    assert ROTATION_METHODS == {m for m, cls in METHODS.items() if cls.signed}

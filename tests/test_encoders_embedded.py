@@ -17,9 +17,7 @@ import torch
 
 from pipeline.encoders.base import Encoder, weights_digest
 from pipeline.encoders.embedded import (
-    EMBEDDED_TRAIN,
     EmbeddedEncoder,
-    EmbeddedSettings,
     augment,
     build_embedded,
     caption_set_loss,
@@ -29,6 +27,7 @@ from pipeline.encoders.embedded import (
     train_embedded,
     whitened_text_init,
 )
+from pipeline.encoders.options import EMBEDDED_TRAIN, EmbeddedSettings
 from pipeline.encoders.text import MiniLM, minilm_path
 from pipeline.encoders.zero_shot import zero_shot_accuracy
 from pipeline.training.schedule import lr_factor

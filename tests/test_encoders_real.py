@@ -24,10 +24,11 @@ from safetensors.torch import save_file
 
 from pipeline.encoders import hf as hf_module
 from pipeline.encoders.base import Encoder
-from pipeline.encoders.embedded import EmbeddedCLIP, EmbeddedSettings, save_embedded
+from pipeline.encoders.embedded import EmbeddedCLIP, save_embedded
 from pipeline.encoders.hf import BlipEncoder, Dinov2Encoder, HFClipEncoder, hub_offline
 from pipeline.encoders.openclip import OpenClipEncoder, cached_tag_file
-from pipeline.encoders.registry import PretrainedSettings, load_encoder, open_encoder, save_spec
+from pipeline.encoders.options import EmbeddedSettings, PretrainedSettings
+from pipeline.encoders.registry import load_encoder, open_encoder, save_spec
 
 ARCH = "tiny-vit-test"
 OPEN_CLIP_CONFIG = {

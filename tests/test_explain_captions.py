@@ -11,10 +11,11 @@ import torch
 from pipeline.data.world.scenes import generate_objects
 from pipeline.explain.blip import blip_captions, blip_image_embeddings
 from pipeline.explain.captions import caption_sources, topk_original_basis
-from pipeline.explain.decoder import CaptionDecoder, DecoderSettings, _augment, decode_captions, load_decoder, save_decoder, train_decoder
+from pipeline.explain.decoder import CaptionDecoder, _augment, decode_captions, load_decoder, save_decoder, train_decoder
+from pipeline.explain.options import DecoderSettings
 from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, build_vocabulary, detokenize, tokenize
-from pipeline.models import build
-from pipeline.training.loop import TrainSettings
+from pipeline.models.registry import build
+from pipeline.training.options import TrainSettings
 
 # a small, augmentation-free configuration that memorises 20 pairs in a few seconds
 OVERFIT = DecoderSettings(width=64, layers=2, heads=4, dropout=0.0, drop_max=0.0, noise_std=0.0,

@@ -187,7 +187,8 @@ def test_coalition_indices_are_checked_not_wrapped_or_truncated():
 
 
 def test_binarise_uses_the_published_threshold_and_refuses_nan():
-    from pipeline.metrics.matching import PUBLISHED_THRESHOLD, binarise
+    from pipeline.metrics.conventions import PUBLISHED_THRESHOLD
+    from pipeline.metrics.matching import binarise
 
     codes = np.array([[0.0, 5e-9, 2e-8], [1.0, 0.0, 0.0]])
     assert PUBLISHED_THRESHOLD == 1e-8

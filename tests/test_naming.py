@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from pipeline.explain.naming import LatentNames, dense_explanations, explain_images, latent_directions, name_latents
-from pipeline.models import build
 from pipeline.models.base import SparseModel
+from pipeline.models.registry import build
 
 # 3 concepts in d = 2; the text mean is (5/3, 5/3).
 CONCEPTS = ["warm", "cold", "grey"]

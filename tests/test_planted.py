@@ -11,7 +11,7 @@ import torch
 from pipeline.data.planted import planted
 from pipeline.metrics.reconstruction import fvu
 from pipeline.metrics.recovery import axis_recovery
-from pipeline.models import build
+from pipeline.models.registry import build
 from pipeline.scoring.planted import oracle_fvu
 from pipeline.training.sparse import fit_cedar as fit
 

@@ -18,7 +18,7 @@ from pipeline.report import figures
 from pipeline.report.render import ReportData, image_css, render
 from pipeline.report.tables import conventions, separation
 from pipeline.report.thumbnails import png_data_uri
-from pipeline.scoring.concepts import EvaluateSettings
+from pipeline.scoring.options import EvaluateSettings
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
 EVIL = "<script>alert(1)</script>"

@@ -18,7 +18,7 @@ from pipeline.report.tables import (
     report_images,
     separation,
 )
-from pipeline.scoring.concepts import EvaluateSettings
+from pipeline.scoring.options import EvaluateSettings
 
 
 def metrics(run: str, method: str, objects: float | None, multi: float = 0.0) -> dict:

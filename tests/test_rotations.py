@@ -12,8 +12,8 @@ from scipy.stats import ortho_group
 
 from pipeline.data.planted import planted
 from pipeline.metrics.recovery import axis_recovery
-from pipeline.models import build
 from pipeline.models.checkpoint import load_model, save_model
+from pipeline.models.registry import build
 from pipeline.models.rotations import (
     ICABasis,
     IdentityBasis,

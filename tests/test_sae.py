@@ -13,9 +13,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.models import build, model_class
 from pipeline.models.checkpoint import load_model, save_model
 from pipeline.models.penalty import JumpReLUFunction, JumpReLUSAE, ReLUSAE, StepFunction, l0_control_step, rectangle
+from pipeline.models.registry import build, model_class
 from pipeline.models.sae import SAE, batch_topk_codes, geometric_median, topk_codes
 from pipeline.models.topk import BatchTopKSAE, MatryoshkaSAE, PrefixMatryoshkaSAE, TopKSAE
 from pipeline.training.sparse import fit_sae as fit

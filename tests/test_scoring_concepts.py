@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.metrics.matching import binarise, coalition_f1, fbmp, nan_mean
-from pipeline.models import build
+from pipeline.models.registry import build
 from pipeline.scoring.codes import ArrayCodes, bernoulli_csr
 from pipeline.scoring.concepts import (
     ConceptData,

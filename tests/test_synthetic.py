@@ -12,7 +12,7 @@ import yaml
 from pipeline.config import ParamsError, validate_params
 from pipeline.data import synthetic
 from pipeline.data.dataset import open_dataset
-from pipeline.data.sources import SyntheticSettings
+from pipeline.data.options import SyntheticSettings
 from pipeline.paths import Layout
 from pipeline.store import open_store
 from stages.cli import preset_text

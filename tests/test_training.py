@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from pipeline.models.base import SparseModel, array_io
-from pipeline.training.loop import TrainSettings, TrainState, array_batches, fit
+from pipeline.training.loop import TrainState, array_batches, fit
+from pipeline.training.options import TrainSettings
 from pipeline.training.schedule import lr_factor
 from pipeline.training.sparse import fit_array, train_sparse
 
@@ -258,7 +259,7 @@ def test_a_step_budget_stops_mid_epoch_and_spans_the_schedule():
 
 
 def test_bf16_is_ignored_on_the_cpu_and_by_modules_not_safe_in_it(caplog):
-    from pipeline.models import build
+    from pipeline.models.registry import build
     from pipeline.training.loop import use_bf16
 
     settings = TrainSettings(precision="bf16")

@@ -24,131 +24,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import AfterValidator, Field, Strict, model_validator
 from tqdm.auto import tqdm
 
 from pipeline.data.coco import load_coco
 from pipeline.data.cub import load_cub
 from pipeline.data.folders import load_folders
 from pipeline.data.images import SquareUint8, iter_image_batches
+from pipeline.data.options import FileSettings, SceneKind, ScenesSettings
 from pipeline.data.phrases import name_phrases
 from pipeline.data.syn import load_syn
-from pipeline.data.table import IMAGE_EXTENSIONS, assign_split
+from pipeline.data.table import assign_split
 from pipeline.data.world import scenes as world
 from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
-from pipeline.settings import Float, NonNegativeFloat, NonNegativeInt, settings
 from pipeline.store import Store, StoreWriter
 
 log = logging.getLogger(__name__)
-
-def _check_split(value: tuple[float, float, float]) -> tuple[float, float, float]:
-    if min(value) <= 0 or abs(sum(value) - 1.0) > 1e-6:
-        raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {list(value)}")
-    return value
-
-
-#: train / validation / test fractions: positive, summing to 1
-Split = Annotated[tuple[Float, Float, Float], AfterValidator(_check_split)]
-
-
-@settings
-class SceneKind:
-    """How many scenes of one kind to render, and how many intervention pairs (from its test split)."""
-
-    n_images: Annotated[int, Strict(), Field(ge=20)]
-    n_pairs: NonNegativeInt = 0
-    max_objects: Annotated[int, Strict(), Field(ge=1, le=9)] = 5  # multi-object scenes only
-
-
-@settings
-class ScenesSettings:
-    """The procedural offline world: `kinds` (objects and/or multi), square images of `image_size` pixels, the
-    train / validation / test fractions `split`."""
-
-    kinds: dict[Literal["objects", "multi"], SceneKind] = Field(min_length=1)
-    source: Literal["scenes"] = "scenes"
-    image_size: Annotated[int, Strict(), Field(ge=32, le=512)] = 64
-    split: Split = (0.8, 0.1, 0.1)
-
-    @model_validator(mode="after")
-    def _pairs_fit_the_test_split(self) -> "ScenesSettings":
-        for kind, spec in self.kinds.items():
-            n_test = int(spec.n_images * self.split[2])
-            if spec.n_pairs > n_test:
-                raise ValueError(f"kinds.{kind}.n_pairs={spec.n_pairs} > about {n_test} test images (one pair per test image)")
-        return self
-
-
-@settings
-class FileSettings:
-    """A real dataset on disk: `folders` (root/<class>/*.jpg), `cub` (CUB_200_2011 layout), `coco`
-    (annotations/instances_<coco_split>.json + images), `syn` (a local synCUB/synCOCO copy, or its hub name
-    jokl/syncub | jokl/syncoco with a network). workers: DataLoader processes that decode the images.
-    split: train / validation / test fractions (folders and coco: stratified by class; syn: of the distinct base
-    images, so that models train on them; cub keeps its own train/test split and takes the validation fraction
-    from its training images)."""
-
-    source: Literal["folders", "cub", "coco", "syn"]
-    root: Annotated[str, Field(min_length=1)]
-    image_size: Annotated[int, Strict(), Field(ge=32, le=1024)] = 224
-    split: Split = (0.8, 0.1, 0.1)
-    coco_split: str = "val2017"
-    on_bad_image: Literal["skip", "fail"] = "skip"
-    workers: NonNegativeInt = 2
-
-    @property
-    def on_hub(self) -> bool:
-        """Whether `root` is a hub name (jokl/syncub, jokl/syncoco) that the loader fetches, not a local folder."""
-        return self.source == "syn" and self.root.startswith("jokl/")
-
-    @model_validator(mode="after")
-    def _root_has_images(self) -> "FileSettings":
-        if self.on_hub:
-            return self  # resolved by the loader, which fails fast offline
-        root = Path(self.root)
-        if not root.exists():
-            raise ValueError(f"root: {self.root}: no such file or directory")
-        if not any(p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() for p in root.rglob("*")):  # stops at the first image
-            raise ValueError(f"root: {self.root}: no image files under it (suffixes {', '.join(IMAGE_EXTENSIONS)})")
-        return self
-
-
-@settings
-class SyntheticSettings:
-    """Planted sparse concepts, written straight to embeddings (`pipeline.data.synthetic` has the model).
-
-    n: rows (embeddings). d: their dimension. families x values: one-hot attribute families (families * values binary
-    concepts, each a random unit direction; CUB-like 28 x 11 by default); every row has one value of every family
-    active with a magnitude in [0.5, 1.5]. noise: standard deviation of the Gaussian noise per coordinate. offset:
-    norm of a constant vector added to every row (CLIP embeddings lie far from the origin). n_pairs: intervention
-    pairs, each a test row with one family's value swapped. The data stage draws and writes a block of rows at a time
-    (memory: one block, whatever n is).
-    """
-
-    source: Literal["synthetic"]
-    n: Annotated[int, Strict(), Field(ge=20)]
-    d: Annotated[int, Strict(), Field(ge=2)] = 768
-    families: Annotated[int, Strict(), Field(ge=1)] = 28
-    values: Annotated[int, Strict(), Field(ge=2)] = 11
-    noise: NonNegativeFloat = 0.05
-    offset: NonNegativeFloat = 1.0
-    n_pairs: NonNegativeInt = 1000
-    split: Split = (0.8, 0.1, 0.1)
-
-    @model_validator(mode="after")
-    def _pairs_fit_the_test_split(self) -> "SyntheticSettings":
-        n_test = int(self.n * self.split[2])
-        if self.n_pairs > n_test:
-            raise ValueError(f"n_pairs={self.n_pairs} > about {n_test} test rows (one pair per test row)")
-        return self
-
-
-DataSettings = Annotated[ScenesSettings | FileSettings | SyntheticSettings, Field(discriminator="source")]
-
 
 @dataclass
 class Source:
@@ -216,11 +110,9 @@ def split_counts(data: ScenesSettings | FileSettings, seed: int) -> dict[str, tu
     scenes (the world's split rule), from the loader's file table for a real dataset (undecodable files not yet
     dropped)."""
     if isinstance(data, ScenesSettings):
-        splits = {kind: assign_split(np.zeros(spec.n_images), tuple(data.split), seed) for kind, spec in data.kinds.items()}
-    else:
-        table, _ = read_table(data, seed, check=False)
-        splits = {table.kind: table.split}
-    return {kind: tuple(int(c) for c in np.bincount(split, minlength=3)) for kind, split in splits.items()}
+        return data.split_counts(seed)
+    table, _ = read_table(data, seed, check=False)
+    return {table.kind: tuple(int(c) for c in np.bincount(table.split, minlength=3))}
 
 
 def load_files(data: FileSettings, seed: int, images_out: Path | None = None, fingerprint: dict[str, Any] | None = None) -> tuple[Any, Any, list[dict]]:

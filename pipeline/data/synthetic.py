@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from pipeline.data.options import SyntheticSettings
 from pipeline.data.phrases import name_phrases
-from pipeline.data.sources import SyntheticSettings
 from pipeline.provenance import digest
 from pipeline.store import StoreWriter, write_array
 

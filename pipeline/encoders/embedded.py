@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.encoders.base import check_batch_size, check_images, weights_digest
+from pipeline.encoders.options import EmbeddedSettings
 from pipeline.encoders.text import TEXT_DIM, MiniLM, check_texts
-from pipeline.settings import Bool, NonNegativeFloat, NonNegativeInt, PositiveInt, defaults_from, settings
-from pipeline.training.device import Device, resolve_device
-from pipeline.training.loop import BatchSource, TrainSettings, Validation, fit
+from pipeline.training.device import resolve_device
+from pipeline.training.loop import BatchSource, Validation, fit
 
 logger = logging.getLogger(__name__)
 
@@ -42,51 +42,6 @@ SCHEMA_VERSION = 3  # 3: the text_mean buffer (MiniLM features are centred befor
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MAX_LOGIT_SCALE = math.log(100.0)  # CLIP's clamp: temperature never below 1/100
-
-#: the loop settings of the embedded model: AdamW with weight decay, cosine to 0, no gradient clipping
-EMBEDDED_TRAIN = TrainSettings(epochs=15, min_steps=0, batch_size=64, lr=3e-3, weight_decay=1e-4, warmup_frac=0.05, min_lr_frac=0.0,
-                               grad_clip=0.0)
-
-
-@settings
-class EmbeddedSettings:
-    """The embedded model (params.yaml `encoder:` with `kind: embedded`).
-
-    embed_dim: shared image/text dimension d. width: channels of the first conv block (then 2w, 4w, 4w).
-    shift: maximum random translation in pixels for augmentation (None -> image size // 16). flip: random
-    horizontal flips; off by default because captions may name left/right. Colours are never augmented: colour
-    is an attribute. text_init: "whitened" starts the text projection as the whitened top-d principal components of
-    the training captions' MiniLM features (`whitened_text_init`, regulariser `text_whiten_eps` relative to the
-    largest variance), "orthogonal" as random orthonormal rows. train_text: train the text projection too (off:
-    a learnt projection drops the directions the young image tower cannot match yet, shape first, and the tower
-    then gets no gradient towards them). negatives: "captions" ranks each image against every distinct training
-    caption (`caption_set_loss`; one (u, 384) x (384, d) product per step), "batch" against the batch's only
-    (`clip_loss`, the standard loss; for caption sets too large to embed every step). train: the loop's settings
-    (`TrainSettings`; its `patience` and `init_samples` are unused: there is no early stopping). device: where it trains and embeds ("auto" = cuda when present). Training is
-    bit-for-bit deterministic for a seed on CPU. The image size is the dataset's (`data.image_size`).
-    """
-
-    kind: Literal["embedded"] = "embedded"
-    embed_dim: PositiveInt = 128
-    width: PositiveInt = 24
-    shift: NonNegativeInt | None = None
-    flip: Bool = False
-    text_init: Literal["whitened", "orthogonal"] = "whitened"
-    text_whiten_eps: NonNegativeFloat = 0.03
-    train_text: Bool = False
-    negatives: Literal["captions", "batch"] = "captions"
-    train: Annotated[TrainSettings, defaults_from(EMBEDDED_TRAIN)] = EMBEDDED_TRAIN
-    device: Device = "auto"
-
-    @property
-    def dim(self) -> int:
-        """The embedding dimension (what `pipeline.config` checks k against)."""
-        return self.embed_dim
-
-    def max_shift(self, image_size: int) -> int:
-        """The augmentation's maximum translation in pixels at `image_size`."""
-        return image_size // 16 if self.shift is None else self.shift
-
 
 # --- the model ---------------------------------------------------------------------------
 

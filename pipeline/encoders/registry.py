@@ -15,54 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Literal
-
-from pydantic import model_validator
 
 from pipeline.encoders import hf
 from pipeline.encoders.base import Encoder
 from pipeline.encoders.embedded import load_embedded
 from pipeline.encoders.openclip import OpenClipEncoder, cached_tag_file, is_checkpoint_path
-from pipeline.settings import PositiveInt, settings
-from pipeline.training.device import Device
+from pipeline.encoders.options import PretrainedSettings
 
 SPEC_FILE = "spec.json"
-
-#: the keys each kind takes besides kind, dim and device
-_KEYS = {"open_clip": ("arch", "weights", "arch_config"), "hf_clip": ("model",), "dinov2": ("model",), "blip": ("model",)}
-
-
-@settings
-class PretrainedSettings:
-    """A pretrained image(-text) encoder.
-
-    open_clip: `arch` (an open_clip architecture name) and `weights` (a pretrained tag of it, a local checkpoint
-    file, or None for a randomly initialised model), optionally `arch_config` (a JSON architecture file named
-    <arch>.json). hf_clip / dinov2 / blip: `model` (a hub id or a local folder). Offline, a hub id or tag that is not
-    in the local cache fails at once with instructions. `dim` (optional) lets params.yaml be checked against the
-    embedding dimension (k <= d) before the model is loaded.
-    """
-
-    kind: Literal["open_clip", "hf_clip", "dinov2", "blip"]
-    arch: str | None = None
-    weights: str | None = None
-    arch_config: str | None = None
-    model: str | None = None
-    dim: PositiveInt | None = None
-    device: Device = "auto"
-
-    @model_validator(mode="after")
-    def _keys_of_its_kind(self) -> "PretrainedSettings":
-        wanted = _KEYS[self.kind]
-        foreign = [k for k in ("arch", "weights", "arch_config", "model") if k not in wanted and getattr(self, k) is not None]
-        if foreign:
-            raise ValueError(f"{self.kind} does not take {', '.join(foreign)} (it takes {', '.join(wanted)})")
-        if self.kind == "open_clip" and not self.arch:
-            raise ValueError("open_clip needs `arch` (e.g. ViT-B-32) and usually `weights` (a tag or a local file)")
-        if self.kind != "open_clip" and not self.model:
-            raise ValueError(f"{self.kind} needs `model` (a hub id or a local folder)")
-        return self
-
 
 def load_encoder(spec: PretrainedSettings) -> Encoder:
     """Build the pretrained encoder `spec` names (open_clip and transformers are imported only for its kind)."""

@@ -29,20 +29,18 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import model_validator
 from torch import Tensor, nn
 
+from pipeline.explain.options import DecoderSettings
 from pipeline.explain.relevance import check_captions
 from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, build_vocabulary, detokenize, tokenize
 from pipeline.models.checkpoint import load_weights, save_weights
-from pipeline.settings import NonNegativeFloat, OpenFraction, PositiveInt, defaults_from, settings
-from pipeline.training.device import Device
-from pipeline.training.loop import BatchSource, TrainSettings, fit
+from pipeline.training.loop import BatchSource, fit
 
 log = logging.getLogger(__name__)
 
@@ -50,48 +48,6 @@ SCHEMA_VERSION = 3  # 3: config.json records the weight file's digest
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 _IGNORE = -100  # cross-entropy target of padded positions
-
-#: the loop settings of the decoder: AdamW, cosine decay to 0, gradient norm clipped to 1
-DECODER_TRAIN = TrainSettings(epochs=8, min_steps=0, batch_size=64, lr=2e-3, weight_decay=0.01, warmup_frac=0.05, min_lr_frac=0.0, grad_clip=1.0)
-
-
-@settings
-class DecoderSettings:
-    """Architecture, augmentation and training of the caption decoder (params.yaml `captions:`).
-
-    Architecture: `n_prefix` prefix tokens, `width` model width, `layers` pre-norm transformer blocks with `heads`
-    heads and a GELU feed-forward of `ff_mult` x width, `dropout` inside the blocks, `max_tokens` token positions
-    (<bos> + words; longer captions are cut, with a warning). Augmentation (see the module docstring): `drop_max`
-    the largest fraction of coordinates (in a random basis) zeroed per sample, `noise_std` Gaussian noise on the
-    standardised embedding; both 0 turn it off. Vocabulary: tokens seen fewer than `min_count` times become <unk>.
-    train: the loop's settings (`TrainSettings`; no early stopping). device: "auto" = cuda when present.
-    max_pairs: the captions stage trains on at most this many (embedding, caption) pairs of the training split (a
-    seeded subsample; bounds its memory at max_pairs x d floats on large datasets).
-    The defaults train on the default preset's 3,600 pairs in about a minute on 2 CPU cores.
-    """
-
-    n_prefix: PositiveInt = 4
-    width: PositiveInt = 128
-    layers: PositiveInt = 2
-    heads: PositiveInt = 4
-    ff_mult: PositiveInt = 2
-    dropout: OpenFraction = 0.1
-    max_tokens: PositiveInt = 32
-    drop_max: OpenFraction = 0.5
-    noise_std: NonNegativeFloat = 0.05
-    min_count: PositiveInt = 1
-    max_pairs: PositiveInt = 200_000
-    train: Annotated[TrainSettings, defaults_from(DECODER_TRAIN)] = DECODER_TRAIN
-    device: Device = "auto"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "DecoderSettings":
-        if self.width % self.heads:
-            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
-        if self.max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2 (<bos> and one word), got {self.max_tokens}")
-        return self
-
 
 def _check_embeddings(embeddings: Any, d: int | None = None, name: str = "embeddings") -> np.ndarray:
     array = embeddings.detach().cpu().numpy() if isinstance(embeddings, Tensor) else np.asarray(embeddings)

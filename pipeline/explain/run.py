@@ -35,11 +35,11 @@ from scipy import sparse
 from pipeline.explain.captions import topk_original_basis
 from pipeline.explain.decoder import CaptionDecoder, decode_captions
 from pipeline.explain.naming import LatentNames, dense_explanations, explain_images, latent_directions, name_latents
+from pipeline.explain.options import ExplainSettings
 from pipeline.explain.relevance import CaptionJudgement, describes_image_rate, relevance
 from pipeline.metrics.csr import column_counts, stack_rows, to_csr
 from pipeline.models.base import SparseModel
 from pipeline.records import json_number
-from pipeline.settings import NonNegativeInt, PositiveInt, settings
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +53,6 @@ Codes = np.ndarray | sparse.sparray | sparse.spmatrix
 
 #: the caption sources, in the order the report shows them
 SOURCES = ("dense", "sparse", "topk_original")
-
-
-@settings
-class ExplainSettings:
-    """How much each evaluate stage explains (params.yaml `explain:`).
-
-    top_names: concepts kept per latent. top_m: named concepts per image scored by relevance.
-    caption_images: test images captioned per kind and source (dense, sparse reconstruction, top-k in the original
-    basis); with 300 the explanations add about 1 s to an SAE's evaluate stage on the default preset.
-    caption_ks: extra k at which rotation runs are captioned (a "describes the image" curve; only k <= d; SAEs use
-    their own k); each k adds two sources, about 0.5 s on the default preset (bench/bench_captions.py).
-    max_len: words per caption. latents: latents kept for the report (most frequently active first).
-    top_images: top-activating test images per kept latent. examples: example images per kind.
-    pairs: intervention pairs per kind. switched: latents listed per pair and direction (on / off).
-    max_rows: test images per kind used at all (the seeded subsample bounds memory on large test splits).
-    """
-
-    top_names: PositiveInt = 5
-    top_m: PositiveInt = 5
-    caption_images: PositiveInt = 300
-    caption_ks: tuple[PositiveInt, ...] = ()
-    max_len: PositiveInt = 24
-    latents: PositiveInt = 64
-    top_images: PositiveInt = 6
-    examples: NonNegativeInt = 8
-    pairs: NonNegativeInt = 4
-    switched: PositiveInt = 8
-    max_rows: PositiveInt = 2000
 
 
 @dataclass

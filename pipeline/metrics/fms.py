@@ -13,7 +13,7 @@ Per binary concept c:
 - `FMS@p = accs_0 (FMS_local@p + FMS_global) / 2`, averaged over concepts.
 
 Two conventions differ between the published evaluation code and the paper's formula; both are options, the
-published code's is the default (`pipeline.scoring.concepts.EvaluateSettings`, stated in the report):
+published code's is the default (`pipeline.scoring.options.EvaluateSettings`, stated in the report):
 - `removals`: the published score averages FMS@p over p = 1..9 removals (`PUBLISHED_REMOVALS`); a single p gives
   the paper's FMS@p (the paper reports p = 1 and p = 5).
 - `levels`: "published" averages the global term over every tree level except the root split *including* the
@@ -57,6 +57,7 @@ import sklearn
 from scipy import sparse
 from sklearn.tree import DecisionTreeClassifier
 
+from pipeline.metrics.conventions import PUBLISHED_REMOVALS
 from pipeline.metrics.csr import to_csr
 from pipeline.metrics.threads import thread_map
 from pipeline.records import Undefined
@@ -68,8 +69,6 @@ logger = logging.getLogger(__name__)
 # (5000 x 4096 at 1% density: 3 s instead of 110 s for a deep tree), with the same splits.
 _SPARSE_DENSITY = 0.25
 
-#: the published score's removals: FMS@p averaged over p = 1..9
-PUBLISHED_REMOVALS: tuple[int, ...] = tuple(range(1, 10))
 
 
 @dataclass

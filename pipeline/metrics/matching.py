@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
+from pipeline.metrics.conventions import PUBLISHED_THRESHOLD
 from pipeline.metrics.csr import column_counts, first_non_finite, is_sparse, row_of_entries, to_csr
 from pipeline.metrics.threads import thread_map
 from pipeline.records import Undefined
@@ -52,8 +53,6 @@ Codes = np.ndarray | sparse.sparray | sparse.spmatrix
 #: binarised codes (n, L): a bool numpy array or a bool scipy.sparse matrix/array
 Active = np.ndarray | sparse.sparray | sparse.spmatrix
 
-#: the published binarisation: a latent is active where its activation is > 1e-8
-PUBLISHED_THRESHOLD = 1e-8
 
 
 def binarise(codes: Codes, threshold: float = PUBLISHED_THRESHOLD) -> Active:

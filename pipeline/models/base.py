@@ -28,7 +28,7 @@ import torch
 from scipy import sparse
 from torch import Tensor, nn
 
-from pipeline.settings import settings
+from pipeline.models.options import NoOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,13 +94,7 @@ class SparseModel(nn.Module):
     autocast_safe: ClassVar[bool] = True
     #: training progress at which a curriculum reaches its target (0: the model has none; see CEDAR)
     curriculum_end: float = 0.0
-    #: boolean options that change the published method when they differ from their default: option -> what it
-    #: does, in the words the report's conventions line uses
-    DEVIATIONS: ClassVar[dict[str, str]] = {}
-
-    @settings
-    class Options:
-        """No options."""
+    Options = NoOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__()

@@ -13,17 +13,13 @@ U is computed once per forward / training step from A, never per sample.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from pipeline.models.options import CedarOptions, CurriculumShape, RandomK
 from pipeline.models.rotations import RotationModel, principal_axes, topk_abs
-from pipeline.settings import Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, settings
-
-Parametrization = Literal["expm", "cayley", "householder"]
-CurriculumShape = Literal["linear", "cosine", "exponential"]
-RandomK = Literal["none", "uniform", "loguniform"]
 
 
 # --- orthogonal maps of an unconstrained (d, d) matrix ---------------------------------------
@@ -162,19 +158,7 @@ class Cedar(RotationModel):
     method = "cedar"
     trainable = True
 
-    @settings
-    class Options:
-        """See the class docstring."""
-
-        parametrization: Parametrization = "expm"
-        init: Literal["identity", "random", "pca"] = "pca"
-        loss: Literal["l1", "l2"] = "l1"
-        init_scale: NonNegativeFloat = 0.8
-        k_start: NonNegativeInt = 0
-        curriculum_frac: Fraction = 0.5
-        curriculum_shape: CurriculumShape = "exponential"
-        random_k: RandomK = "uniform"
-        random_k_min: PositiveFloat = 0.5
+    Options = CedarOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)

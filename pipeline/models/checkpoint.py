@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.models import build, model_class
 from pipeline.models.base import SparseModel
+from pipeline.models.registry import build, model_class
 from pipeline.provenance import file_digest
 
 SCHEMA_VERSION = 2  # 2: config.json records the weight file's digest

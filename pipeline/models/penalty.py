@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.models.options import JumpReLUOptions, ReLUOptions
 from pipeline.models.sae import SAE, column_quantile, sq_error
-from pipeline.settings import Bool, NonNegativeFloat, PositiveFloat, settings
 
 #: the adaptive penalty coefficient (ReLU, JumpReLU with `target_l0`) stays within this factor of
 #: its initial value, both ways: no runaway to 0 (from which a multiplicative update never returns)
@@ -208,16 +208,7 @@ class ReLUSAE(PenaltySAE):
 
     method = "relu"
     coef_name = "l1_coef"
-    DEVIATIONS: ClassVar[dict[str, str]] = {"rescale": "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"}
-
-    @settings
-    class Options(SAE.Options):
-        """See the class docstring."""
-
-        l1_coef: NonNegativeFloat = 0.05
-        target_l0: Bool = True
-        l0_control_rate: PositiveFloat = 0.05
-        rescale: Bool = False
+    Options = ReLUOptions
 
     def _init_sparsifier(self, pre: Tensor) -> None:
         """With `target_l0`: shift `b_enc` so each latent is positive on about a k/n_latents fraction of
@@ -289,14 +280,7 @@ class JumpReLUSAE(PenaltySAE):
     method = "jumprelu"
     coef_name = "l0_coef"
 
-    @settings
-    class Options(SAE.Options):
-        """See the class docstring."""
-
-        l0_coef: NonNegativeFloat = 1e-3
-        target_l0: Bool = True
-        l0_control_rate: PositiveFloat = 0.02
-        bandwidth: PositiveFloat = 1e-3
+    Options = JumpReLUOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pipeline.models.base import SparseModel, array_io
-from pipeline.settings import PositiveFloat, PositiveInt, settings
+from pipeline.models.options import ICAOptions
 
 log = logging.getLogger(__name__)
 
@@ -286,16 +286,7 @@ class ICABasis(FixedRotation):
 
     method = "ica"
 
-    @settings
-    class Options:
-        """fun: FastICA's contrast function; logcosh is the robust general choice, "exp" suits very
-        super-Gaussian (sparse) sources, "cube" is kurtosis. max_iter: FastICA iterations; non-convergence is
-        logged, not fatal (the polar factor keeps the basis orthogonal anyway). tol: FastICA's convergence
-        tolerance (scikit-learn's default)."""
-
-        fun: Literal["logcosh", "exp", "cube"] = "logcosh"
-        max_iter: PositiveInt = 400
-        tol: PositiveFloat = 1e-4
+    Options = ICAOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)

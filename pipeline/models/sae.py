@@ -53,7 +53,7 @@ What every variant shares (and why)
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -61,9 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.models.base import SparseModel, array_io
-from pipeline.settings import PositiveInt, settings
-
-BiasInit = Literal["mean", "geometric_median"]
+from pipeline.models.options import SAEOptions
 
 #: rows of the `fit_init` sample used to estimate thresholds (a (rows, n_latents) activation matrix).
 THRESHOLD_SAMPLE_ROWS = 4096
@@ -134,12 +132,7 @@ class SAE(SparseModel):
     signed: ClassVar[bool] = False
     trainable: ClassVar[bool] = True
 
-    @settings
-    class Options:
-        """See the class docstring."""
-
-        bias_init: BiasInit = "mean"
-        dead_steps: PositiveInt = 50
+    Options = SAEOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)

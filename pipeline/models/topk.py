@@ -6,18 +6,14 @@ training, a calibrated threshold at inference), and `encode(x, k)` may override 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, Strict
 from torch import Tensor
 
+from pipeline.models.options import BatchTopKOptions, MatryoshkaOptions, PrefixMatryoshkaOptions, TopKOptions
 from pipeline.models.sae import SAE, batch_topk_codes, sq_error, topk_codes
-from pipeline.settings import NonNegativeFloat, OpenFraction, PositiveInt, settings
-
-#: a prefix of the dictionary as a fraction of its size, in (0, 1]
-PrefixFraction = Annotated[float, Strict(), Field(gt=0, le=1)]
 
 
 # --- TopK and its family --------------------------------------------------------------------------
@@ -38,12 +34,7 @@ class TopKSAE(SAE):
 
     method = "topk"
 
-    @settings
-    class Options(SAE.Options):
-        """See the class docstring."""
-
-        k_aux: PositiveInt = 512
-        aux_coef: NonNegativeFloat = 1 / 32
+    Options = TopKOptions
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
         return topk_codes(F.relu(pre), k)
@@ -99,11 +90,7 @@ class BatchTopKSAE(TopKSAE):
 
     method = "batchtopk"
 
-    @settings
-    class Options(TopKSAE.Options):
-        """See the class docstring."""
-
-        threshold_decay: OpenFraction = 0.9
+    Options = BatchTopKOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)
@@ -155,12 +142,7 @@ class MatryoshkaSAE(TopKSAE):
 
     method = "matryoshka"
 
-    @settings
-    class Options(TopKSAE.Options):
-        """See the class docstring."""
-
-        k_levels: tuple[PositiveInt, ...] = ()
-        level_weights: tuple[NonNegativeFloat, ...] = ()
+    Options = MatryoshkaOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)
@@ -195,12 +177,7 @@ class PrefixMatryoshkaSAE(BatchTopKSAE):
 
     method = "matryoshka_prefix"
 
-    @settings
-    class Options(BatchTopKSAE.Options):
-        """See the class docstring."""
-
-        prefix_fractions: tuple[PrefixFraction, ...] = (0.125, 0.25, 0.5, 1.0)
-        prefix_weights: tuple[NonNegativeFloat, ...] = ()
+    Options = PrefixMatryoshkaOptions
 
     def __init__(self, d: int, n_latents: int, k: int, **options: Any) -> None:
         super().__init__(d, n_latents, k, **options)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models import model_class
+from pipeline.models.options import DEVIATIONS, options_class
 from pipeline.records import json_number
 
 #: the caption sources, in the order the report shows them
@@ -209,7 +209,7 @@ def family_separation(runs: list[dict[str, Any]], kind: str, zero_shot: dict[str
 
 def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The evaluation conventions in use against the published ones (the defaults of `EvaluateSettings`), then the
-    options of the swept methods that change a published method (the model class's `DEVIATIONS`; method_options:
+    options of the swept methods that change a published method (`pipeline.models.options.DEVIATIONS`; method_options:
     method -> its validated options, `Params.method_options`): what the report's numbers mean, and where this run
     deliberately deviates."""
     rules = [
@@ -223,8 +223,7 @@ def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None 
     out = [{"convention": text, "value": show(getattr(evaluate, name)), "published": show(defaults[name]),
             "deviation": getattr(evaluate, name) != defaults[name]} for name, text, show in rules]
     for method, options in (method_options or {}).items():
-        cls = model_class(method)
-        published = {f.name: f.default for f in dataclasses.fields(cls.Options)}
+        published = {f.name: f.default for f in dataclasses.fields(options_class(method))}
         out += [{"convention": text, "value": "on" if options[name] else "off", "published": "on" if published[name] else "off",
-                 "deviation": options[name] != published[name]} for name, text in cls.DEVIATIONS.items()]
+                 "deviation": options[name] != published[name]} for name, text in DEVIATIONS.get(method, {}).items()]
     return out

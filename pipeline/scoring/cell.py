@@ -36,13 +36,15 @@ import torch
 from pipeline.data.dataset import Dataset, edit_text, sample_rows
 from pipeline.encoders.base import weights_digest
 from pipeline.explain.decoder import CaptionDecoder
-from pipeline.explain.run import Concepts, ExplainSettings, KindData, explain_rows, explain_run
+from pipeline.explain.options import ExplainSettings
+from pipeline.explain.run import Concepts, KindData, explain_rows, explain_run
 from pipeline.grid import Cell
-from pipeline.models import build
 from pipeline.models.base import SparseModel
+from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
-from pipeline.scoring.concepts import ConceptData, EvaluateSettings, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
+from pipeline.scoring.concepts import ConceptData, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
+from pipeline.scoring.options import EvaluateSettings
 from pipeline.scoring.reconstruction import OnBatch, encode_rows, fvu_curve
 from pipeline.store import Store, StoreError
 from pipeline.training.device import device_name, resolve_device

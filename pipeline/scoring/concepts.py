@@ -38,72 +38,22 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from pydantic import Field, Strict, model_validator
 from scipy import sparse
 
 from pipeline.data.dataset import sample_rows
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
-from pipeline.metrics.fms import PUBLISHED_REMOVALS, fms
-from pipeline.metrics.matching import PUBLISHED_THRESHOLD, Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
+from pipeline.metrics.fms import fms
+from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
 from pipeline.metrics.probe import fit_probe, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
-from pipeline.settings import NonNegativeFloat, PositiveFloat, PositiveInt, settings
-from pipeline.training.device import Device
+from pipeline.scoring.options import EvaluateSettings
 
 log = logging.getLogger(__name__)
-
-
-@settings
-class EvaluateSettings:
-    """How every grid cell is evaluated (params.yaml `evaluate:`).
-
-    ks: K values of the FVU-vs-K curve (rotations re-sparsify at each; SAEs use their own k). batch_size: rows
-    per encoding batch and per streamed block of held-out scoring. device: where the models encode ("auto": cuda
-    when present); evaluation stays in float32. betas / match_ks: the FBMP rules reported (F_beta of the residual; coalition sizes); the
-    recommended protocol is beta 0.5, k 3, which TAPAScore uses (tapas_beta, tapas_k). max_match_rows:
-    training-split rows used to fit coalitions (subsampled with the seed). cknna_k: neighbours per row of CKNNA;
-    cknna_max_n / fms_max_n: subsample sizes of the O(n^2) CKNNA and of the FMS trees. probe_max_n: matching
-    rows the linear probes are fitted on (a seeded subsample when there are more). max_test_rows: the
-    seeded subsample of a kind's test rows (the pool) that FMS and CKNNA draw from (the module docstring lists what
-    memory grows with).
-    Conventions (published default first, `pipeline.metrics` documents each): active_threshold: a latent is active
-    above it (1e-8; 0 = any positive activation). tapas_empty: a pair whose coalition is empty counts as 0
-    ("zero") or is left out ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p).
-    fms_levels: FMS's global term with the no-split level ("published") or over levels 2..D ("paper").
-    """
-
-    ks: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
-    batch_size: PositiveInt = 1024
-    betas: tuple[PositiveFloat, ...] = (0.25, 0.5, 1.0)
-    match_ks: tuple[PositiveInt, ...] = (1, 2, 3, 4, 5)
-    tapas_beta: PositiveFloat = 0.5
-    tapas_k: PositiveInt = 3
-    max_match_rows: Annotated[int, Strict(), Field(ge=10)] = 20_000
-    cknna_k: PositiveInt = 10
-    cknna_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
-    fms_max_n: Annotated[int, Strict(), Field(ge=10)] = 2000
-    probe_max_n: Annotated[int, Strict(), Field(ge=10)] = 20_000
-    max_test_rows: Annotated[int, Strict(), Field(ge=10)] = 20_000
-    device: Device = "auto"
-    active_threshold: NonNegativeFloat = PUBLISHED_THRESHOLD
-    tapas_empty: Literal["zero", "skip"] = "zero"
-    fms_removals: tuple[PositiveInt, ...] = PUBLISHED_REMOVALS
-    fms_levels: Literal["published", "paper"] = "published"
-
-    @model_validator(mode="after")
-    def _tapas_rule_is_reported(self) -> "EvaluateSettings":
-        if not self.ks or not self.betas or not self.match_ks or not self.fms_removals:
-            raise ValueError("ks, betas, match_ks and fms_removals must each list at least one value")
-        if self.tapas_k not in self.match_ks:
-            raise ValueError(f"tapas_k={self.tapas_k} must be one of match_ks {list(self.match_ks)}")
-        if self.tapas_beta not in self.betas:
-            raise ValueError(f"tapas_beta={self.tapas_beta} must be one of betas {list(self.betas)}")
-        return self
 
 
 class CodeSource(Protocol):

@@ -14,42 +14,17 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
 from pipeline.data.planted import Planted, planted
 from pipeline.metrics.reconstruction import fvu
 from pipeline.metrics.recovery import axis_recovery
-from pipeline.models import ROTATION_METHODS, build
+from pipeline.models.registry import build
 from pipeline.models.rotations import topk_abs
-from pipeline.settings import NonNegativeFloat, PositiveInt, settings
-from pipeline.training.loop import TrainSettings
+from pipeline.scoring.options import PlantedSettings
+from pipeline.training.options import TrainSettings
 from pipeline.training.sparse import fit_array
 
 log = logging.getLogger(__name__)
-
-
-@settings
-class PlantedSettings:
-    """The benchmark's grid (params.yaml `planted:`): dimension d, rows n, every k of `ks` and noise of `noises`,
-    each rotation method of `methods`, trained for `epochs` (the rest of the loop settings is params' `train:`)."""
-
-    d: PositiveInt = 32
-    n: PositiveInt = 4000
-    ks: tuple[PositiveInt, ...] = (4,)
-    noises: tuple[NonNegativeFloat, ...] = (0.01, 0.1)
-    epochs: PositiveInt = 20
-    methods: tuple[str, ...] = Field(default=("cedar", "identity", "pca", "ica", "random_rotation"), min_length=1)
-
-    @model_validator(mode="after")
-    def _valid(self) -> "PlantedSettings":
-        bad = [m for m in self.methods if m not in ROTATION_METHODS]
-        if bad:
-            raise ValueError(f"methods: {bad} are not rotation methods ({', '.join(sorted(ROTATION_METHODS))})")
-        if any(k > self.d for k in self.ks):
-            raise ValueError(f"ks: every k must be in 1..d={self.d}, got {list(self.ks)}")
-        if self.n < 100:
-            raise ValueError(f"n: at least 100 rows, got {self.n}")
-        return self
 
 
 def oracle_fvu(data: Planted, k: int) -> float:

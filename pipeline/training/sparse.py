@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.models import METHODS, ROTATION_METHODS, build, model_class
 from pipeline.models.base import SparseModel
+from pipeline.models.options import OPTIONS, ROTATION_METHODS, options_class
+from pipeline.models.registry import build
 from pipeline.training.device import resolve_device
-from pipeline.training.loop import BatchSource, LoadState, SaveState, TrainResult, TrainSettings, Validation, array_batches, fit
+from pipeline.training.loop import BatchSource, LoadState, SaveState, TrainResult, Validation, array_batches, fit
+from pipeline.training.options import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def fit_array(model: SparseModel, x: np.ndarray, settings: TrainSettings, seed: 
 
 def split_options(method: str, options: dict[str, Any], caller: str) -> tuple[dict[str, Any], TrainSettings]:
     """Split a flat namespace of keyword options into (the method's model options, TrainSettings); unknown keys fail."""
-    model_keys = {f.name for f in dataclasses.fields(model_class(method).Options)}
+    model_keys = {f.name for f in dataclasses.fields(options_class(method))}
     train_keys = {f.name for f in dataclasses.fields(TrainSettings)}
     unknown = sorted(set(options) - model_keys - train_keys)
     if unknown:
@@ -119,8 +121,8 @@ def fit_sae(x: np.ndarray, method: str, dict_size: int, k: int, seed: int = 0, *
     `options` takes the method's options and `TrainSettings` fields (epochs, lr, batch_size, ...) in one flat
     namespace; `seed` seeds both the initial weights and the loop.
     """
-    if method not in METHODS or method in ROTATION_METHODS:
-        raise ValueError(f"fit_sae: method must be one of {sorted(set(METHODS) - ROTATION_METHODS)}, got {method!r}")
+    if method not in OPTIONS or method in ROTATION_METHODS:
+        raise ValueError(f"fit_sae: method must be one of {sorted(set(OPTIONS) - ROTATION_METHODS)}, got {method!r}")
     x = _check_x(x, "fit_sae")
     model_options, settings = split_options(method, options, "fit_sae")
     model = build(method, d=x.shape[1], dict_size=dict_size, k=k, seed=seed, **model_options)

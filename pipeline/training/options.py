@@ -1,0 +1,47 @@
+"""The training loop's options (params.yaml `train:`, and the `train:` blocks of `encoder` and `captions`): light
+(no torch), so that the schema of params.yaml loads without the loop."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pipeline.settings import Device, Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, PositiveOrAuto, settings
+
+
+@settings
+class TrainSettings:
+    """The loop's options, shared by every trained component (params.yaml `train:` for the sparse models, the
+    `train:` blocks of `encoder` and `captions`).
+
+    batch_size: rows per optimiser step. epochs: passes over the data (at least). min_steps: the run makes at least
+    this many optimiser steps (whole epochs), so a small data set is trained to convergence. lr: peak learning rate
+    (AdamW), or "auto" = 0.5 / sqrt(total steps) clipped to [5e-4, 1e-2] (`pipeline.training.schedule.plan`).
+    weight_decay: decoupled weight decay on weight matrices (0 = Adam). warmup_frac: fraction of the steps of
+    linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
+    norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
+    with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
+    initialisation sees (means, PCA, thresholds). val_samples: rows of the validation split a sparse model is
+    validated on after each epoch (a seeded subsample, so validation memory does not grow with the dataset).
+    max_steps: stop after this many optimiser steps in all (None: every batch of every epoch; it wins over
+    min_steps); the schedule spans the steps the run makes, so a fixed budget of steps trains the same way on any
+    dataset size. device: "auto" (cuda when present), "cpu", "cuda[:i]", "mps". precision: "bf16" runs the forward
+    pass and the loss under bfloat16 autocast on a GPU (weights, optimiser state and gradients stay float32; no loss
+    scaling is needed with bfloat16); it is ignored on the CPU and by modules that are not safe in bfloat16
+    (`autocast_safe = False`: the rotation models, whose matrix exponential / Cayley map needs float32).
+    Defaults: the published SAE settings (Adam, batch 256; lr 5e-4 at scale) with the budget rule for small data.
+    """
+
+    batch_size: PositiveInt = 256
+    epochs: PositiveInt = 20
+    min_steps: NonNegativeInt = 2000
+    lr: PositiveOrAuto = "auto"
+    weight_decay: NonNegativeFloat = 0.0
+    warmup_frac: Fraction = 0.05
+    min_lr_frac: Fraction = 0.1
+    grad_clip: NonNegativeFloat = 1.0
+    patience: PositiveInt = 3
+    init_samples: PositiveInt = 20_000
+    val_samples: PositiveInt = 20_000
+    max_steps: PositiveInt | None = None
+    device: Device = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
