@@ -8,7 +8,7 @@ For every size n: the data stage writes n synthetic embeddings of dimension d (2
 run (the captions stage on 2,000 pairs, one epoch: it only has to exist for the explanations), and then each
 measured stage runs in its own child process, the real stage function on that project:
 
-- `train`: `stages.train` for a TopK SAE (dict latents, k) with a budget of --steps optimiser steps of --batch
+- `train`: `pipeline.training.cell_training.train_cell` for a TopK SAE (dict latents, k) with a budget of --steps optimiser steps of --batch
   rows streamed from the zarr store (train.max_steps; the schedule spans those steps);
 - `evaluate`: `stages.evaluate` for that cell: both models encoded on the test split (10% of n), the matching rows
   (at most --eval-rows of the training split) and the pairs, every concept metric and the explanations;
@@ -83,9 +83,9 @@ def child(stage: str, root: Path) -> dict[str, Any]:
         __import__(f"stages.{stage}", fromlist=["run"]).run(p, layout)
         return {"seconds": time.perf_counter() - start, "rows": p.data.n}
     if stage == "train":
-        from stages import train
+        from pipeline.training.cell_training import train_cell
 
-        train.run(p, layout, cell)
+        train_cell(p, layout, cell)
         return {"seconds": time.perf_counter() - start, "rows": args_steps(p) * settings.batch_size}
     if stage == "evaluate":
         import pipeline.scoring.cell as scoring_cell

@@ -127,7 +127,8 @@ def cells(args: argparse.Namespace, device: torch.device, root: Path) -> None:
     from pipeline.models.registry import build
     from pipeline.scoring.codes import open_codes
     from pipeline.store import open_store
-    from stages import evaluate, train
+    from pipeline.training.cell_training import train_cell
+    from stages import evaluate
 
     p, layout = load_params(root / "params.yaml"), Layout(root)
     store = open_store(layout.image_embeddings)
@@ -135,7 +136,7 @@ def cells(args: argparse.Namespace, device: torch.device, root: Path) -> None:
     for cell in reversed(p.cells()):  # the SAE first, then CEDAR
         name = "sae" if not cell.rotation else "cedar"
         start = time.perf_counter()
-        train.run(p, layout, cell)
+        train_cell(p, layout, cell)
         sync(device)
         stage_seconds = time.perf_counter() - start
         model = build(cell.method, args.d, cell.size, cell.k, seed=0, **p.method_options(cell.method)).to(device)

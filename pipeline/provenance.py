@@ -33,3 +33,14 @@ def source_digest(paths: tuple[str, ...], root: Path) -> str:
     """Short sha256 of the .py files under `paths` (files or folders relative to `root`): names and contents."""
     files = sorted(f for entry in paths for f in ((root / entry).rglob("*.py") if (root / entry).is_dir() else [root / entry]))
     return digest([(f.relative_to(root).as_posix(), file_digest(f)) for f in files])
+
+
+#: the project's root: the code paths `code_digest` names are relative to it
+CODE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_digest(paths: tuple[str, ...]) -> str:
+    """Digest of the source of `paths` (files or folders relative to the project root; a stage lists its dvc.yaml code
+    deps): what outputs record as the code that made them. It depends on the code's content only, so the same code
+    writes byte-identical outputs whatever the git commit or working-tree state."""
+    return source_digest(paths, CODE_ROOT)

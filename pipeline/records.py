@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline.atomic import write_text_atomic
 
 
 class Undefined(float):
@@ -89,8 +90,4 @@ def jsonable(obj: Any) -> Any:
 
 def write_json(path: Path, obj: Any, indent: int | None = 1) -> None:
     """Write `jsonable(obj)` as strict JSON to `path` atomically (a temporary sibling renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(jsonable(obj), indent=indent, allow_nan=False))
-    os.replace(tmp, path)
+    write_text_atomic(Path(path), json.dumps(jsonable(obj), indent=indent, allow_nan=False))

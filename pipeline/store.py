@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -37,6 +36,8 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.storage import LocalStore
+
+from pipeline.atomic import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +93,6 @@ def default_chunk_rows(row_shape: tuple[int, ...], dtype: np.dtype) -> int:
     """Rows per chunk so that a chunk is about TARGET_CHUNK_BYTES."""
     row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     return max(1, TARGET_CHUNK_BYTES // max(row_bytes, 1))
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move directory `src` onto `dst`, replacing an existing `dst` (old copy removed after the swap)."""
-    src, dst = Path(src), Path(dst)
-    old = dst.with_name(dst.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 class StoreWriter:

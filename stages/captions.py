@@ -9,14 +9,14 @@ into place. Reads params: seed, captions.
 from __future__ import annotations
 
 import logging
-import shutil
 
+from pipeline.atomic import atomic_dir
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.explain.decoder import CaptionDecoder, save_decoder, train_decoder
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.store import open_store, replace_dir
+from pipeline.store import open_store
 from stages._cli import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,9 @@ def run(params: Params, layout: Layout) -> CaptionDecoder:
     if len(rows) == 0:
         raise ValueError(f"{layout.data}: the training split is empty; the caption decoder needs (embedding, caption) pairs")
     decoder, history = train_decoder(store.take(rows), data.caption_rows(rows), params.captions, seed=params.seed)
-    tmp = layout.captions.with_name(layout.captions.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_decoder(decoder, tmp)
-    write_json(tmp / layout.captions_history.name, {"pairs": len(rows), "vocabulary": len(decoder.vocab), "history": history})
-    replace_dir(tmp, layout.captions)
+    with atomic_dir(layout.captions) as tmp:
+        save_decoder(decoder, tmp)
+        write_json(tmp / layout.captions_history.name, {"pairs": len(rows), "vocabulary": len(decoder.vocab), "history": history})
     last = history[-1]
     log.info("caption decoder: %d pairs, vocabulary %d, final loss %.3f, token accuracy %.3f", len(rows), len(decoder.vocab),
              last["train_loss"], last["train_token_accuracy"])

@@ -14,43 +14,39 @@ Reads params: seed, data.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import numpy as np
 
+from pipeline.atomic import atomic_dir
 from pipeline.config import Params, ParamsError, load_params, split_problems
 from pipeline.data.dataset import IMAGES, write_dataset
 from pipeline.data.options import SyntheticSettings
 from pipeline.data.sources import read_source
 from pipeline.data.synthetic import write_synthetic
 from pipeline.paths import Layout
+from pipeline.provenance import code_digest
 from pipeline.records import write_json
-from pipeline.store import replace_dir
-from stages._cli import code_digest, exit_with, parser, run_main
+from stages._cli import exit_with, parser, run_main
 
 #: the code that decides the dataset's content (dvc.yaml lists each as a dependency of the stage; a test checks it)
 DATA_CODE = ("pipeline/data", "pipeline/store.py", "stages/data.py")
 
 
 def run(params: Params, layout: Layout) -> None:
-    final = layout.data
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     provenance = {"producer": "stages.data", "code": code_digest(DATA_CODE), "params": {"seed": params.seed, "data": dataclasses.asdict(params.data)}}
-    if isinstance(params.data, SyntheticSettings):
-        write_synthetic(tmp, params.data, params.seed, provenance)
-        bad_images: list = []
-    else:
-        source = read_source(params.data, params.seed, images_out=tmp / IMAGES, fingerprint={"provenance": provenance})
-        # the splits as read (a real dataset's undecodable images are dropped now): refused here, not stages later
-        problems = split_problems({part.kind: tuple(int(c) for c in np.bincount(part.split, minlength=3)) for part, _ in source.parts}, params)
-        if problems:
-            raise ParamsError("\n".join(f"{layout.params}: {line}" for line in problems))
-        write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
-        bad_images = source.bad_images
-    write_json(tmp / layout.bad_images.name, bad_images)
-    replace_dir(tmp, final)
+    with atomic_dir(layout.data) as tmp:
+        if isinstance(params.data, SyntheticSettings):
+            write_synthetic(tmp, params.data, params.seed, provenance)
+            bad_images: list = []
+        else:
+            source = read_source(params.data, params.seed, images_out=tmp / IMAGES, fingerprint={"provenance": provenance})
+            # the splits as read (a real dataset's undecodable images are dropped now): refused here, not stages later
+            problems = split_problems({part.kind: tuple(int(c) for c in np.bincount(part.split, minlength=3)) for part, _ in source.parts}, params)
+            if problems:
+                raise ParamsError("\n".join(f"{layout.params}: {line}" for line in problems))
+            write_dataset(tmp, source.parts, source.vocabulary, source.prompts, source.phrases, provenance)
+            bad_images = source.bad_images
+        write_json(tmp / layout.bad_images.name, bad_images)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,13 +15,13 @@ Reads params: seed, encoder.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.atomic import atomic_dir
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import Dataset, open_dataset, sample_rows
 from pipeline.encoders.base import Encoder
@@ -31,7 +31,7 @@ from pipeline.encoders.registry import load_encoder, save_spec
 from pipeline.encoders.zero_shot import zero_shot_accuracy
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.store import open_store, replace_dir
+from pipeline.store import open_store
 from pipeline.training.device import device_name
 from stages._cli import exit_with, parser, run_main
 
@@ -79,14 +79,8 @@ def no_encoder(data: Dataset, layout: Layout, tmp: Path) -> dict[str, Any]:
 
 def run(params: Params, layout: Layout) -> dict[str, Any]:
     data = open_dataset(layout.data)
-    tmp = layout.encoder.with_name(layout.encoder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    if not data.has_images:
-        metrics = no_encoder(data, layout, tmp)
-    else:
-        metrics = encode_and_measure(params, data, tmp)
-    replace_dir(tmp, layout.encoder)
+    with atomic_dir(layout.encoder) as tmp:
+        metrics = no_encoder(data, layout, tmp) if not data.has_images else encode_and_measure(params, data, tmp)
     write_json(layout.encoder_metrics, metrics)
     if metrics["zero_shot_mean"] is not None:
         log.info("zero-shot accuracy (mean over families) %.3f vs chance %.3f", metrics["zero_shot_mean"], metrics["chance_mean"])

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from typing import Any
 
+from pipeline.atomic import atomic_dir
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset
 from pipeline.explain.decoder import load_decoder
@@ -25,7 +25,7 @@ from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.scoring.cell import CellInputs, evaluate_cell, untrained_twin
-from pipeline.store import open_store, replace_dir
+from pipeline.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,10 @@ def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
     twin = untrained_twin(cell, model.d, params.method_options(cell.method), inputs.embeddings, inputs.data.rows("train"),
                           params.train_settings(cell.method).init_samples, params.seed)
     result = evaluate_cell(cell, model, twin, inputs, params.evaluate, params.explain, params.seed, layout.codes(cell.name), history.get("best_epoch"))
-    out = layout.evaluation(cell.name)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    write_json(tmp / layout.run_metrics(cell.name).name, result.metrics)
-    write_json(tmp / layout.run_curve(cell.name).name, result.curve)
-    write_json(tmp / layout.run_explanations(cell.name).name, result.explanations)
-    replace_dir(tmp, out)
+    with atomic_dir(layout.evaluation(cell.name)) as tmp:
+        write_json(tmp / layout.run_metrics(cell.name).name, result.metrics)
+        write_json(tmp / layout.run_curve(cell.name).name, result.curve)
+        write_json(tmp / layout.run_explanations(cell.name).name, result.explanations)
     metrics, trained = result.metrics, result.metrics["trained"]
     log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f) on %s", cell.name, trained["fvu"], trained["l0"], metrics["untrained"]["fvu"], metrics["device"])
     for kind, c in metrics["concepts"].items():

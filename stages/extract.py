@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from pipeline.atomic import atomic_dir
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import open_dataset
 from pipeline.encoders.base import Encoder
 from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
-from pipeline.provenance import digest
-from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir, write_array
-from stages._cli import code_digest, exit_with, parser, run_main
+from pipeline.provenance import code_digest, digest
+from pipeline.store import Store, StoreError, StoreWriter, open_store, write_array
+from stages._cli import exit_with, parser, run_main
 
 #: the code that decides the embeddings (dvc.yaml lists each as a dependency of the stage; a test checks it)
 EXTRACT_CODE = ("pipeline/encoders", "pipeline/store.py", "stages/extract.py")
@@ -79,15 +80,11 @@ def link_tree(src: Path, dst: Path) -> None:
 
 def link_own_embeddings(layout: Layout) -> None:
     """store/embeddings from the dataset's own stores (store/data/embeddings), every one the later stages read."""
-    tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for path in (layout.image_embeddings, layout.pair_embeddings("before"), layout.pair_embeddings("after"), layout.concept_embeddings):
-        source = layout.data_embeddings / path.name
-        open_store(source)  # a clear error if the data stage left it missing or unfinished
-        link_tree(source, tmp / path.name)
-    replace_dir(tmp, layout.embeddings)
+    with atomic_dir(layout.embeddings) as tmp:
+        for path in (layout.image_embeddings, layout.pair_embeddings("before"), layout.pair_embeddings("after"), layout.concept_embeddings):
+            source = layout.data_embeddings / path.name
+            open_store(source)  # a clear error if the data stage left it missing or unfinished
+            link_tree(source, tmp / path.name)
     log.info("%s: linked the dataset's own embeddings from %s (no encoder)", layout.embeddings, layout.data_embeddings)
 
 
@@ -97,31 +94,29 @@ def run(params: Params, layout: Layout) -> None:
         link_own_embeddings(layout)
         return
     encoder = open_encoder(layout.encoder)
-    tmp = layout.embeddings.with_name(layout.embeddings.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE)}
-    attrs = {"producer": "stages.extract", "encoder": encoder.id, "dim": encoder.dim}
-    bs, chunk = params.extract.batch_size, params.extract.chunk_rows
+    with atomic_dir(layout.embeddings, resume=True) as tmp:  # its stores resume from their last complete chunk
+        base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE)}
+        attrs = {"producer": "stages.extract", "encoder": encoder.id, "dim": encoder.dim}
+        bs, chunk = params.extract.batch_size, params.extract.chunk_rows
 
-    def inside(path: Path) -> Path:
-        """Where an output of store/embeddings/ is built: in the temporary sibling renamed into place at the end."""
-        return tmp / path.name
+        def inside(path: Path) -> Path:
+            """Where an output of store/embeddings/ is built: in the temporary sibling renamed into place at the end."""
+            return tmp / path.name
 
-    embed_store(encoder, data.images, inside(layout.image_embeddings), bs, chunk, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
-    for side in ("before", "after"):
-        embed_store(encoder, getattr(data.pairs, side), inside(layout.pair_embeddings(side)), bs, chunk, {**base, "what": f"pairs_{side}"},
-                    {**attrs, "rows": f"pairs ({side})"}, f"pairs {side}")
-    if encoder.has_text:
-        vocab = data.vocabulary
-        write_array(inside(layout.concept_embeddings), encoder.encode_texts(vocab, batch_size=bs),
-                    fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)}, attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
-        # captions repeat (procedural templates): embed each distinct caption once, store one row per image
-        distinct, inverse = np.unique(np.asarray(data.captions, dtype=object), return_inverse=True)
-        write_array(inside(layout.caption_embeddings), encoder.encode_texts(distinct.tolist(), batch_size=bs)[inverse],
-                    fingerprint={**base, "what": "captions", "captions": digest(data.captions)}, attrs={**attrs, "rows": "image captions"})
-    else:
-        log.warning("encoder %s has no text tower: concept naming will be unavailable", encoder.id)
-    replace_dir(tmp, layout.embeddings)
+        embed_store(encoder, data.images, inside(layout.image_embeddings), bs, chunk, {**base, "what": "images"}, {**attrs, "rows": "dataset images"}, "images")
+        for side in ("before", "after"):
+            embed_store(encoder, getattr(data.pairs, side), inside(layout.pair_embeddings(side)), bs, chunk, {**base, "what": f"pairs_{side}"},
+                        {**attrs, "rows": f"pairs ({side})"}, f"pairs {side}")
+        if encoder.has_text:
+            vocab = data.vocabulary
+            write_array(inside(layout.concept_embeddings), encoder.encode_texts(vocab, batch_size=bs),
+                        fingerprint={**base, "what": "concepts", "vocabulary": digest(vocab)}, attrs={**attrs, "rows": "concept vocabulary", "texts": vocab})
+            # captions repeat (procedural templates): embed each distinct caption once, store one row per image
+            distinct, inverse = np.unique(np.asarray(data.captions, dtype=object), return_inverse=True)
+            write_array(inside(layout.caption_embeddings), encoder.encode_texts(distinct.tolist(), batch_size=bs)[inverse],
+                        fingerprint={**base, "what": "captions", "captions": digest(data.captions)}, attrs={**attrs, "rows": "image captions"})
+        else:
+            log.warning("encoder %s has no text tower: concept naming will be unavailable", encoder.id)
 
 
 def main(argv: list[str] | None = None) -> int:

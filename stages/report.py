@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import numpy as np
 
+from pipeline.atomic import atomic_file
 from pipeline.config import Params, load_params
 from pipeline.data.dataset import Dataset, edit_text, open_dataset
 from pipeline.paths import Layout
+from pipeline.provenance import code_digest
 from pipeline.report import figures
 from pipeline.report.render import ReportData, render
 from pipeline.report.tables import best_runs, conventions, example_table, family_separation, latent_browser, rates_table, report_images, separation
 from pipeline.report.thumbnails import png_data_uri
-from stages._cli import code_digest, exit_with, parser, run_main
+from stages._cli import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +120,8 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         conventions=conventions(params.evaluate, {m: params.method_options(m) for m in dict.fromkeys(c.method for c in params.cells())}),
     )
     html = render(report)
-    layout.report.parent.mkdir(parents=True, exist_ok=True)
-    tmp = layout.report.with_name(layout.report.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, layout.report)
+    with atomic_file(layout.report) as tmp:
+        tmp.write_text(html, encoding="utf-8")
     log.info("wrote %s (%d runs)", layout.report, len(runs))
     return html
 

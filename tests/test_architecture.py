@@ -31,7 +31,8 @@ PACKAGES = ("pipeline", "stages", "cli", "flow")
 
 #: units, lowest floor first
 FLOORS: list[set[str]] = [
-    {"pipeline", "pipeline.settings", "pipeline.records", "pipeline.atomic"},
+    {"pipeline", "pipeline.atomic"},
+    {"pipeline.settings", "pipeline.records"},
     {"pipeline.metrics", "pipeline.grid", "pipeline.data.table"},
     {"pipeline.data.options", "pipeline.models.options", "pipeline.training.options"},
     {"pipeline.encoders.options", "pipeline.explain.options", "pipeline.scoring.options"},

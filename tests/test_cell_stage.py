@@ -1,4 +1,4 @@
-"""stages.cell / stages.train: the grid-cell stage's contract with dvc.yaml and the training fingerprint that
+"""stages.cell / pipeline.training.cell_training: the grid-cell stage's contract with dvc.yaml and the training fingerprint that
 lets a cell re-evaluate without retraining (the DVC-level behaviour is tested end to end in test_e2e.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import yaml
 
 from pipeline.config import validate_params
 from pipeline.provenance import source_digest
+from pipeline.training.cell_training import TRAINING_CODE, reusable, training_fingerprint
 from stages.cli import preset_text
-from stages.train import TRAINING_CODE, reusable, training_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_a_checkpoint_is_reused_only_when_finished_from_the_same_inputs_and_inta
     if damage == "broken_header":
         weights.write_bytes(b"\xff" * 8 + weights.read_bytes()[8:])
     fingerprint = "other" if damage == "other_inputs" else "abc"
-    with caplog.at_level("INFO", logger="stages.train"):
+    with caplog.at_level("INFO", logger="pipeline.training.cell_training"):
         assert reusable(directory, fingerprint, history) == (damage == "none")
     if damage not in ("none", "other_inputs", "no_fingerprint"):
         assert f"{directory}: checkpoint cannot be reused" in caplog.text and "training it again" in caplog.text

@@ -105,7 +105,8 @@ def budget_mb(params) -> float:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    from stages import captions, data, encoder, extract, train
+    from pipeline.training.cell_training import train_cell
+    from stages import captions, data, encoder, extract
 
     root = tmp_path_factory.mktemp("memory")
     (root / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
@@ -113,7 +114,7 @@ def project(tmp_path_factory) -> Path:
     layout = Layout(root)
     for stage in (data, encoder, extract, captions):
         stage.run(params, layout)
-    train.run(params, layout, params.cells()[-1])
+    train_cell(params, layout, params.cells()[-1])
     return root
 
 

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.atomic import atomic_file, write_text_atomic
 from pipeline.encoders.base import check_batch_size, check_images, weights_digest
 from pipeline.encoders.options import EmbeddedSettings
 from pipeline.encoders.text import TEXT_DIM, MiniLM, check_texts
@@ -399,11 +399,9 @@ def save_embedded(model: EmbeddedCLIP, embedded: EmbeddedSettings, directory: Pa
         "text_model": "all-MiniLM-L6-v2",
         "weights_sha256": weights_digest(model),
     }
-    tmp_weights, tmp_config = directory / f".{WEIGHTS_FILE}.tmp", directory / f".{CONFIG_FILE}.tmp"
-    save_file(state, str(tmp_weights))
-    tmp_config.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp_weights, directory / WEIGHTS_FILE)
-    os.replace(tmp_config, directory / CONFIG_FILE)
+    with atomic_file(directory / WEIGHTS_FILE) as tmp:
+        save_file(state, str(tmp))
+    write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=2))
 
 
 def read_embedded_config(directory: Path) -> tuple[EmbeddedSettings, dict[str, Any]]:

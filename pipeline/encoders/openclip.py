@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pipeline.atomic import atomic_file
 from pipeline.encoders.base import check_batch_size, weights_digest
 from pipeline.encoders.hf import hub_offline, offline_help
 from pipeline.encoders.pixels import encode_pixels
@@ -199,9 +200,7 @@ def save_random_weights(arch: str, path: str | Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = open_clip.create_model(arch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
     logger.info("open_clip %s: random weights (seed %d) saved to %s", arch, seed, path)
     return path

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.atomic import atomic_file, write_text_atomic
 from pipeline.models.base import SparseModel
 from pipeline.models.registry import build, model_class
 from pipeline.provenance import file_digest
@@ -37,12 +37,9 @@ class CheckpointError(ValueError):
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> str:
     """Write `tensors` as a safetensors file at `path` (a temporary sibling renamed into place); returns its digest."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tmp))
-    digest = file_digest(tmp)
-    os.replace(tmp, path)
-    return digest
+    with atomic_file(Path(path)) as tmp:
+        save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(tmp))
+        return file_digest(tmp)
 
 
 def load_weights(path: Path, digest: str | None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -78,9 +75,7 @@ def save_model(model: SparseModel, directory: Path, provenance: dict[str, Any] |
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**model_config(model, provenance), "weights_digest": save_weights(model.state_dict(), directory / WEIGHTS_FILE)}
-    tmp = directory / (CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2))
-    os.replace(tmp, directory / CONFIG_FILE)
+    write_text_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2))
 
 
 def read_config(directory: Path) -> dict[str, Any]:

@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from pipeline.atomic import replace_dir, temporary_sibling
 from pipeline.metrics.csr import stack_rows
 from pipeline.records import write_json
-from pipeline.store import Store, StoreError, StoreWriter, open_store, replace_dir
+from pipeline.store import Store, StoreError, StoreWriter, open_store
 
 META = "meta.json"
 _PARTS = ("nnz", "indices", "values", "rows")
@@ -48,7 +49,7 @@ class CodesWriter:
 
     def __init__(self, path: str | Path, n_latents: int, fingerprint: dict[str, Any]) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.tmp = temporary_sibling(self.path)
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pipeline.atomic import write_text_atomic
 from pipeline.models.checkpoint import CheckpointError, load_weights, save_weights
 from pipeline.training.loop import TrainState
 
@@ -39,8 +39,7 @@ def save_resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimi
     weights = f"resume-{state.epoch}.safetensors"
     digest = save_weights(tensors, directory / weights)
     meta = {"state": asdict(state), "param_groups": opt["param_groups"], "weights": weights, "digest": digest, "fingerprint": fingerprint}
-    (directory / "resume.json.tmp").write_text(json.dumps(meta))
-    os.replace(directory / "resume.json.tmp", directory / "resume.json")
+    write_text_atomic(directory / "resume.json", json.dumps(meta))
     for old in directory.glob("resume-*.safetensors"):
         if old.name != weights:
             old.unlink()

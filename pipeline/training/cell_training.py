@@ -1,4 +1,5 @@
-"""Training of one grid cell (method x dictionary size x k) on the image embeddings (run by `stages.cell`).
+"""Training of one grid cell (method x dictionary size x k) on the image embeddings (`train_cell`; the stage
+`stages.cell` runs it, then the evaluation).
 
 Streams shuffled batches of the training split from store/embeddings/images.zarr (a shuffle buffer over chunks,
 never the whole store), validates on the validation split (at most `train.val_samples` rows of it), checkpoints every epoch in store/models/<run>.tmp/ so
@@ -26,25 +27,24 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import replace_dir
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
 from pipeline.models.registry import build
 from pipeline.paths import Layout
-from pipeline.provenance import digest, rows_digest
+from pipeline.provenance import code_digest, digest, rows_digest
 from pipeline.records import write_json
-from pipeline.store import open_store, replace_dir
+from pipeline.store import open_store
 from pipeline.training.resume import load_resume, save_resume
 from pipeline.training.sparse import train_sparse
-from stages._cli import code_digest
 
 log = logging.getLogger(__name__)
 
 #: the source files and folders (relative to the repository root) whose code decides what training produces;
 #: dvc.yaml lists each of them as a dependency of the grid-cell stages (a test checks it).
-TRAINING_CODE = ("pipeline/models", "pipeline/training", "pipeline/settings.py", "pipeline/data/dataset.py", "pipeline/store.py",
-                 "stages/train.py")
+TRAINING_CODE = ("pipeline/models", "pipeline/training", "pipeline/settings.py", "pipeline/data/dataset.py", "pipeline/store.py")
 
 
 def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
@@ -78,7 +78,7 @@ def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
     return True
 
 
-def run(params: Params, layout: Layout, cell: Cell) -> Path:
+def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
     """Train the cell (or reuse its up-to-date checkpoint); returns the checkpoint directory store/models/<run>."""
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
