@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stages.cli import preset_text  # noqa: E402
+from pipeline.presets import preset_text  # noqa: E402
 
 
 def project_copy(path: Path, preset: str) -> Path:
@@ -71,7 +71,7 @@ def main() -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": ""}
     env.pop("PREFECT_API_URL", None)
     dvc = [sys.executable, "-m", "dvc", "repro"]
-    cedar = [sys.executable, "-m", "stages.cli", "flow", "--cluster", "bench", "--cluster-file", str(base / "cluster.yaml")]
+    cedar = [sys.executable, "-m", "cli", "flow", "--cluster", "bench", "--cluster-file", str(base / "cluster.yaml")]
     print(f"preset {args.preset}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}, "
           f"flow: {args.workers} {'process' if args.processes else 'thread'} workers, threads per stage {args.threads or 'as dvc repro'}; logs in {base}")
     full = {"dvc repro": timed(dvc, repro, env, base / "repro.log"), "cedar flow": timed(cedar, flow, env, base / "flow.log")}

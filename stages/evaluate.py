@@ -1,6 +1,6 @@
 """Evaluation of one grid cell (run by `stages.cell`): reads the trained run and its inputs, writes its records.
 
-The work is `pipeline.scoring.cell.evaluate_cell` (the trained run against its untrained twin and random codes:
+The work is `pipeline.scoring.cell_evaluation.evaluate_cell` (the trained run against its untrained twin and random codes:
 reconstruction, the FVU-vs-K curve, concept metrics, explanations). Outputs store/eval/<run>/metrics.json (DVC
 metrics), fvu_curve.json (DVC plots) and explain.json, written to a sibling folder and renamed into place; the sparse
 codes of the evaluation rows go to store/models/<run>.codes/ (reused by a later evaluation of the same model).
@@ -19,12 +19,12 @@ from pipeline.atomic import atomic_dir
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset
 from pipeline.explain.decoder import load_decoder
-from pipeline.explain.run import Concepts
+from pipeline.explain.explanations import Concepts
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.scoring.cell import CellInputs, evaluate_cell, untrained_twin
+from pipeline.scoring.cell_evaluation import CellInputs, evaluate_cell, untrained_twin
 from pipeline.store import open_store
 
 log = logging.getLogger(__name__)

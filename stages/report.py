@@ -21,7 +21,7 @@ from pipeline.report import figures
 from pipeline.report.render import ReportData, render
 from pipeline.report.tables import best_runs, conventions, example_table, family_separation, latent_browser, rates_table, report_images, separation
 from pipeline.report.thumbnails import png_data_uri
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 

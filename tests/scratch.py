@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from stages.cli import preset_text
+from pipeline.presets import preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ FLOORS: list[set[str]] = [
     {"pipeline.data.options", "pipeline.models.options", "pipeline.training.options"},
     {"pipeline.encoders.options", "pipeline.explain.options", "pipeline.scoring.options"},
     {"pipeline.config"},
-    {"pipeline.paths", "pipeline.provenance", "pipeline.store"},
+    {"pipeline.paths", "pipeline.provenance", "pipeline.store", "pipeline.presets"},
     {"pipeline.data"},
     {"pipeline.models"},
     {"pipeline.training"},
@@ -67,8 +67,11 @@ def our_modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def unit(module: str) -> str:
-    """The longest declared unit that is `module` or a package above it."""
-    prefixes = [".".join(module.split(".")[:i]) for i in range(len(module.split(".")), 0, -1)]
+    """The longest declared unit that is `module` or a package above it (the root package `pipeline` is a unit of its
+    own, not a catch-all: a new library module must be given its floor here)."""
+    parts = module.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    prefixes = [p for p in prefixes if p != "pipeline" or module == "pipeline"]
     return next((p for p in prefixes if p in FLOOR), module)
 
 

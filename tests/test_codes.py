@@ -82,7 +82,7 @@ def test_one_pass_gives_the_accumulators_numbers_and_the_codes(tmp_path):
 
 
 def test_a_code_set_is_reused_only_while_its_fingerprint_holds(tmp_path, caplog):
-    from pipeline.scoring.cell import encoded
+    from pipeline.scoring.cell_evaluation import encoded
 
     x = np.random.default_rng(3).normal(size=(80, 4)).astype(np.float32)
     store = write_array(tmp_path / "x.zarr", x, fingerprint={"x": 1})

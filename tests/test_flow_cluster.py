@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages.cli import main
-from stages.flow.cluster import (
+from cli.main import main
+from flow.cluster import (
     AddressSettings,
     ClusterError,
     JobqueueSettings,
@@ -19,7 +19,7 @@ from stages.flow.cluster import (
     load_clusters,
     task_runner,
 )
-from stages.flow.command import thread_environment
+from flow.command import thread_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 

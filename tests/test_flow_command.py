@@ -1,4 +1,4 @@
-"""What a worker runs for a stage (stages/flow/command.py): the dvc.yaml commands through DVC's shell, their
+"""What a worker runs for a stage (flow/command.py): the dvc.yaml commands through DVC's shell, their
 output, a clear error on failure, and a stage that dies with its worker, whatever the shell forks."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stages.flow.command import run_commands
+from flow.command import run_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_every_process_of_a_stage_dies_with_the_worker_even_those_the_shell_fork
         import os, sys
         sys.path.insert(0, {str(ROOT)!r})
         os.environ["SHELL"] = "/bin/sh"
-        from stages.flow.command import run_commands
+        from flow.command import run_commands
         run_commands("s", ["sleep 61 & sleep 62"], {str(tmp_path)!r}, {str(tmp_path)!r}, {{}})
     """)])
     deadline = time.time() + 30

@@ -22,8 +22,9 @@ import psutil
 import pytest
 import yaml
 
-from stages.cli import main, preset_text
-from stages.flow.graph import Project, StageError, set_params
+from cli.main import main
+from flow.graph import Project, StageError, set_params
+from pipeline.presets import preset_text
 from tests.scratch import env, git
 
 pytestmark = pytest.mark.slow
@@ -291,7 +292,7 @@ def test_cedar_serve_runs_the_flow_as_a_deployment_with_param_overrides(tmp_path
     repo = toy(tmp_path)
     e = {**env(), "PYTHONPATH": str(ROOT)}
     e.pop("PREFECT_API_URL", None)
-    serve = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "d", "--root", str(repo)], env=e, cwd=tmp_path,
+    serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "d", "--root", str(repo)], env=e, cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None

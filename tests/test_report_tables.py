@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.explain.run import explain_run
+from pipeline.explain.explanations import explain_run
 from pipeline.report.tables import (
     best_run,
     best_runs,

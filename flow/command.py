@@ -81,7 +81,7 @@ def run_commands(stage: str, commands: list[str], cwd: str, root: str, environme
             env[key] = value
     output = []
     for command in commands:
-        supervised = [sys.executable, "-m", "stages.flow.command", str(os.getpid()), *_make_cmd(get_executable(), command)]
+        supervised = [sys.executable, "-m", "flow.command", str(os.getpid()), *_make_cmd(get_executable(), command)]
         proc = subprocess.run(supervised, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         output.append(proc.stdout)
         if proc.returncode != 0:

@@ -1,10 +1,10 @@
 """The Prefect flow: DVC's stale stages as Prefect tasks, their commands on a Dask cluster, one writer of dvc.lock.
 
-`pipeline_flow` asks DVC for the plan (`stages.flow.graph`: the stale stages and those downstream of them, in
-DVC's order), starts the cluster (`stages.flow.cluster`), and submits one Prefect task per stage, named after it
+`pipeline_flow` asks DVC for the plan (`flow.graph`: the stale stages and those downstream of them, in
+DVC's order), starts the cluster (`flow.cluster`), and submits one Prefect task per stage, named after it
 (`sae@topk-256-16`), waiting for the stages it depends on; independent stages run at once. Each task lives in the
 flow's own process: it asks DVC whether its stage is still stale, sends the stage's dvc.yaml commands to a Dask
-worker that has the resources the stage asks for (`stages.flow.command`), and, when they succeed, records the stage
+worker that has the resources the stage asks for (`flow.command`), and, when they succeed, records the stage
 in dvc.lock (only when every output exists). So only this process talks to the Prefect API and writes dvc.lock;
 workers need neither a route to the Prefect server nor Prefect itself, only the project at the same path.
 
@@ -13,7 +13,7 @@ Faults: a stage whose command fails, whose process is killed or whose worker die
 recorded when another fails; the flow then fails, naming the failed stages, and a rerun runs only what is left.
 
 At the end the flow publishes the report's path and the headline metrics of the grid as Prefect artifacts. Without
-PREFECT_API_URL, Prefect runs a temporary local server as a child of this process (`stages.flow.configure_prefect_env`,
+PREFECT_API_URL, Prefect runs a temporary local server as a child of this process (`flow.configure_prefect_env`,
 called before Prefect is imported, keeps it offline and inside the project); it stops with the flow.
 """
 
@@ -32,12 +32,12 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
+from flow.cluster import Cluster, choose_cluster, open_cluster
+from flow.command import run_commands, thread_environment
+from flow.graph import PlannedStage, Project, StageError, set_params
 from pipeline.config import load_params
 from pipeline.paths import Layout
 from pipeline.report.tables import best_score
-from stages.flow.cluster import Cluster, choose_cluster, open_cluster
-from stages.flow.command import run_commands, thread_environment
-from stages.flow.graph import PlannedStage, Project, StageError, set_params
 
 FLOW_NAME = "cedar-pipeline"
 

@@ -7,7 +7,7 @@ every `evaluate.ks` from the one trained rotation.
 Concepts, per kind of scene (`pipeline.scoring.concepts`): MATCHScores (FBMP for each beta and k, one-to-one),
 Delta-MATCHScore, TAPAScore and Delta-stay on the intervention pairs, CKNNA, FMS and linear-probe loss, for
 trained, untrained and random codes.
-Explanations (`pipeline.explain.run`): latent names, relevance of named concepts, captions from the dense
+Explanations (`pipeline.explain.explanations`): latent names, relevance of named concepts, captions from the dense
 embedding / the sparse reconstruction / top-k in the original basis, example images and the latents that switch
 across intervention pairs.
 
@@ -36,8 +36,8 @@ import torch
 from pipeline.data.dataset import Dataset, edit_text, sample_rows
 from pipeline.encoders.base import weights_digest
 from pipeline.explain.decoder import CaptionDecoder
+from pipeline.explain.explanations import Concepts, KindData, explain_rows, explain_run
 from pipeline.explain.options import ExplainSettings
-from pipeline.explain.run import Concepts, KindData, explain_rows, explain_run
 from pipeline.grid import Cell
 from pipeline.models.base import SparseModel
 from pipeline.models.registry import build

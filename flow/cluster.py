@@ -11,7 +11,7 @@ The cluster file maps names to clusters (`cedar flow --cluster NAME`, default `l
 
 Every kind also takes `resources` (the Dask resources each worker offers, e.g. `{GPU: 1}`: given to the workers
 it starts, declared for an `address` scheduler's) and `threads` (CPU threads of each stage process; default: as
-`dvc repro` from the same shell, see `stages.flow.command`). A stage that asks for a resource in dvc.yaml
+`dvc repro` from the same shell, see `flow.command`). A stage that asks for a resource in dvc.yaml
 (`meta: {resources: {GPU: 1}}`) gets it only on a cluster that offers it, so on a GPU cluster training and
 extraction go only to GPU workers, one per GPU, and elsewhere every stage runs anywhere.
 
