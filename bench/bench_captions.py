@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root: tests/ holds the reference decoder
 
-from pipeline.data.world.captions import attribute_phrases
 from pipeline.data.world.scenes import generate_multi, generate_objects
+from pipeline.data.world.texts import attribute_phrases
 from pipeline.explain.decoder import decode_captions, train_decoder
 from pipeline.explain.explanations import Concepts, KindData, explain_run
 from pipeline.explain.options import DecoderSettings, ExplainSettings

@@ -244,3 +244,11 @@ def test_dvc_yaml_paths_are_the_layouts():
                 used.add(path.replace("${item.method}-${item.size}-${item.k}", run).replace("${item.method}-${item.k}", run))
     assert used <= known | cell, sorted(used - known - cell)
     assert cell <= used, "the grid-cell stages must declare the run's model and records"
+
+
+def test_the_drawing_in_the_docs_is_the_house_this_test_holds():
+    """docs/architecture.md draws the floors; the drawing is these FLOORS, floor by floor."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    drawn = {int(line.split(":")[0].removeprefix("floor ")): set(line.split(":", 1)[1].replace(" ", "").split(","))
+             for line in text.splitlines() if line.startswith("floor ")}
+    assert drawn == dict(enumerate(FLOORS))

@@ -11,7 +11,7 @@ from pipeline.metrics.reconstruction import ReconstructionAccumulator
 from pipeline.models.base import half_axes, tensor_csr
 from pipeline.models.registry import build
 from pipeline.scoring.codes import ArrayCodes, CodesWriter, open_codes
-from pipeline.scoring.reconstruction import encode_rows
+from pipeline.scoring.encoding_pass import encode_rows
 from pipeline.store import StoreError, write_array
 
 

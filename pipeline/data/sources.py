@@ -38,7 +38,7 @@ from pipeline.data.phrases import name_phrases
 from pipeline.data.syn_benchmarks import load_syn
 from pipeline.data.table import assign_split
 from pipeline.data.world import scenes as world
-from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
+from pipeline.data.world.texts import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
 from pipeline.store import Store, StoreWriter
 

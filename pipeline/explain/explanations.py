@@ -1,7 +1,7 @@
 """The explanations of one trained run, as the evaluate stage writes them (explain.json) and the report reads them.
 
 Pure: arrays and models in, JSON-able dicts out, no file I/O (the stages read and write). Built on the
-`pipeline.explain` library (SPEC section A, interpretability modes):
+`pipeline.explain` library (docs/science.md §1, interpretability modes):
 
 - latent names: every latent (a half-axis +i / -i of a rotation model, a decoder direction of an SAE) is
   named by its `top_names` most cosine-similar vocabulary concepts (text embeddings centred by the text
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from pipeline.explain.captions import topk_original_basis
+from pipeline.explain.caption_sources import topk_original_basis
 from pipeline.explain.decoder import CaptionDecoder, decode_captions
 from pipeline.explain.naming import LatentNames, dense_explanations, explain_images, latent_directions, name_latents
 from pipeline.explain.options import ExplainSettings

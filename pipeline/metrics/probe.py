@@ -1,6 +1,6 @@
 """Linear probe (LP) metric: does a reconstruction keep what a classifier on the originals uses?
 
-SPEC.md C: a multinomial logistic regression is trained on the dense embeddings for the dataset's
+docs/science.md §3: a multinomial logistic regression is trained on the dense embeddings for the dataset's
 classes; we report its cross-entropy on the originals and on the reconstructions (natural log,
 mean over test rows), the mean KL(p_original || p_reconstruction), and both accuracies.
 No feature scaling is applied: the probe sees the embeddings exactly as the sparse models

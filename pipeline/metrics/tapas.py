@@ -1,4 +1,4 @@
-"""TAPAScore and Delta-stay: do matched latents respond to a targeted one-attribute edit? (SPEC.md B)
+"""TAPAScore and Delta-stay: do matched latents respond to a targeted one-attribute edit? (docs/science.md §3)
 
 Pairs (x, x'): attribute `removed` present in x is replaced by `added` in x' (an attribute edit),
 or only removed (object removal, added = -1). With I_add, I_rem the coalitions matched to those

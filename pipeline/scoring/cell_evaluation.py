@@ -44,8 +44,8 @@ from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
 from pipeline.scoring.concepts import ConceptData, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
+from pipeline.scoring.encoding_pass import OnBatch, encode_rows, fvu_curve
 from pipeline.scoring.options import EvaluateSettings
-from pipeline.scoring.reconstruction import OnBatch, encode_rows, fvu_curve
 from pipeline.store import Store, StoreError
 from pipeline.training.device import device_name, resolve_device
 
