@@ -101,8 +101,8 @@ def zero_shot(accuracy: dict[str, dict[str, float]]) -> go.Figure:
     """Zero-shot accuracy per attribute family against chance."""
     families = list(accuracy)
     fig = go.Figure([
-        go.Bar(x=families, y=[accuracy[f]["accuracy"] for f in families], name="zero-shot accuracy"),
-        go.Bar(x=families, y=[accuracy[f]["chance"] for f in families], name="chance"),
+        go.Bar(x=families, y=[accuracy[f]["accuracy"] for f in families], name="zero-shot accuracy", marker_color=METHOD_COLOURS["cedar"]),
+        go.Bar(x=families, y=[accuracy[f]["chance"] for f in families], name="chance", marker_color=METHOD_COLOURS["identity"]),
     ])
     fig.update_layout(yaxis_title="accuracy (test split)", yaxis_range=[0, 1], barmode="group", template="plotly_white",
                       height=360, margin={"t": 30})
@@ -278,20 +278,21 @@ def describes_vs_k(explains: list[dict[str, Any]], kind: str) -> go.Figure:
     """Caption quality against k for rotation runs (one trained rotation serves every k): the "describes the
     image" rate and the fraction of stated attributes that are true, for the model's sparse reconstruction
     (one line per run), top-k in the original basis (the same for every run; drawn once, dashed) and the
-    dense embedding (dotted)."""
+    dense embedding (dotted); the runs in their method's colour, the two references in colours no method uses."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=['"describes the image" rate', "stated attributes that are true"])
     baseline: dict[int, dict[str, Any]] = {}
     dense: dict[str, Any] = {}
-    palette = [METHOD_COLOURS[m] for m in ("cedar", "ica", "pca", "relu", "batchtopk", "matryoshka")]
-    for i, e in enumerate(explains):
+    cedar_runs = [e["run"] for e in explains if e.get("method") == "cedar"]
+    for e in explains:
         points = sorted((p["k"], p) for p in e.get("describes_curve", []) if p["kind"] == kind and p["source"] == "sparse")
         if not points:
             continue
         for col, key in ((1, "rate"), (2, "attribute_precision")):
             fig.add_trace(go.Scatter(x=[k for k, _ in points], y=[p.get(key) for _, p in points], mode="lines+markers", name=f"{e['run']} (sparse)",
-                                     line={"color": palette[i % len(palette)]}, legendgroup=e["run"], showlegend=col == 1,
+                                     line={"color": CEDAR_SHADES[cedar_runs.index(e["run"]) % len(CEDAR_SHADES)] if e["run"] in cedar_runs
+                                           else method_colour(e.get("method", ""))}, legendgroup=e["run"], showlegend=col == 1,
                                      hovertemplate=f"{e['run']}<br>k=%{{x}}<br>%{{y:.3f}}<extra></extra>"), row=1, col=col)
         baseline.update({p["k"]: p for p in e["describes_curve"] if p["kind"] == kind and p["source"] == "topk_original"})
         rates = e["describes"].get(kind, {})
@@ -300,11 +301,11 @@ def describes_vs_k(explains: list[dict[str, Any]], kind: str) -> go.Figure:
     for col, key in ((1, "rate"), (2, "attribute_precision")):
         if ks:
             fig.add_trace(go.Scatter(x=ks, y=[baseline[k].get(key) for k in ks], mode="lines+markers", name="top-k in the original basis",
-                                     line={"dash": "dash", "color": SOURCE_COLOURS["topk_original"]}, legendgroup="topk", showlegend=col == 1),
+                                     line={"dash": "dash", "color": "#D55E00"}, legendgroup="topk", showlegend=col == 1),
                           row=1, col=col)
             if dense.get(key) is not None:
                 fig.add_trace(go.Scatter(x=[ks[0], ks[-1]], y=[dense[key]] * 2, mode="lines", name="dense embedding", legendgroup="dense",
-                                         line={"dash": "dot", "color": "#6b7686"}, showlegend=col == 1), row=1, col=col)
+                                         line={"dash": "dot", "color": "#555555"}, showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(type="log", title_text="k (active coordinates)", tickvals=ks or None)
     fig.update_yaxes(range=[0, 1])
     fig.update_layout(template="plotly_white", height=380, margin={"t": 30})

@@ -95,7 +95,7 @@ def sentences(rows: list[dict[str, Any]]) -> list[str]:
             delta = "undefined" if lead["delta_match_score"] is None else f"{lead['delta_match_score']:+.3f}"
             text += f", but its untrained twin or random codes match as well (Delta-MATCHScore {delta}): the lead is not learned"
         text += "."
-        tapas = sorted((r for r in group if r["tapas"] is not None), key=lambda r: -r["tapas"])
+        tapas = sorted((r for r in group if r["tapas"] is not None), key=lambda r: (-r["tapas"], r is not lead))  # ties: the leader
         if tapas:
             text += (f" It also leads on TAPAScore ({tapas[0]['tapas']:.3f})." if tapas[0] is lead
                      else f" TAPAScore is highest for {_name(tapas[0])}, {tapas[0]['tapas']:.3f} (the MATCHScore leader: "

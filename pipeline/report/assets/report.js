@@ -168,7 +168,7 @@
     body.appendChild(images);
     if (latent.h.length) {
       var hist = el("div", "card-hist");
-      hist.appendChild(el("div", "muted", "activation histogram (active test images)"));
+      hist.appendChild(el("div", "muted", "activations where active"));
       hist.appendChild(histogram(latent.h, latent.hm));
       body.appendChild(hist);
     }
