@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import subprocess
+from collections import Counter
 from importlib import metadata
 from typing import Any
 
@@ -64,6 +65,8 @@ def example_pairs(data: Dataset, per_kind: int = 6) -> list[dict[str, Any]]:
 THUMBNAIL_PX = 64
 #: tiles per row of the sprite
 SPRITE_COLUMNS = 32
+#: example images shown per kind (explain.json holds `explain.examples`; each adds a row per method and k, ~13 kB)
+EXAMPLES_PER_KIND = 5
 
 
 def thumbnails(data: Dataset, rows: list[int], pairs: list[int]) -> tuple[str | None, dict[str, int]]:
@@ -94,9 +97,9 @@ def git_commit(root: Any) -> str | None:
     return commit.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
 
 
-def provenance(params: Params, encoder: dict[str, Any], root: Any) -> dict[str, Any]:
-    """What made this report: the code digest, the git commit, the build time (UTC), the device, the library versions
-    and what is known of the training time."""
+def provenance(encoder: dict[str, Any], runs: list[dict[str, Any]], root: Any) -> dict[str, Any]:
+    """What made this report: the code digest, the git commit, the build time (UTC), the devices the stages recorded
+    (encoder.json, each run's metrics.json), the library versions and what is known of the training time."""
     import torch
 
     versions = {"python": platform.python_version()}
@@ -105,17 +108,31 @@ def provenance(params: Params, encoder: dict[str, Any], root: Any) -> dict[str, 
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    devices = Counter(str(metrics.get("device", "not recorded")) for metrics in runs)
     here = f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu"
     return {
         "code_digest": code_digest(("pipeline", "stages")),
         "git_commit": git_commit(root),
         "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": f"encoder stage: {encoder.get('device', 'not recorded')} · evaluate.device: {params.evaluate.device} · "
-                  f"report built on: {here} ({platform.machine()}, {os.cpu_count()} CPUs)",
+        "device": f"encoder stage: {encoder.get('device', 'not recorded')} · grid cells: "
+                  + ", ".join(f"{device} ({count} runs)" for device, count in sorted(devices.items()))
+                  + f" · report built on: {here} ({platform.machine()}, {os.cpu_count()} CPUs)",
         "versions": versions,
         "training_time": "not recorded: the records hold only deterministic values (a duration would change the bytes DVC tracks); "
                          "`dvc repro` and `cedar flow` log each stage's time",
     }
+
+
+def explorer_pair(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The two headline rows the latent explorer opens side by side: the highest MATCHScore (objects scenes, as
+    `tables.best_score`), and CEDAR at the same k (the runner-up there when CEDAR leads or is not in the sweep)."""
+    ranked = sorted((r for r in rows if r["match_score"] is not None), key=lambda r: -r["match_score"])
+    if not ranked:
+        return None, None
+    lead = ranked[0]
+    same_k = [r for r in ranked if r["k"] == lead["k"] and r is not lead]
+    other = next((r for r in same_k if r["method"] == "cedar"), same_k[0] if same_k else None)
+    return lead, other
 
 
 def run(params: Params, layout: Layout, params_text: str) -> str:
@@ -133,7 +150,7 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         for point in json.loads(layout.run_curve(cell.name).read_text()):
             curves.append({**point, "size": metrics["size"], "rotation": cell.rotation})
     best = best_runs(runs)
-    examples = example_table(explains, best)
+    examples = [e for kind in data.kinds for e in [x for x in example_table(explains, best) if x["kind"] == kind][:EXAMPLES_PER_KIND]]
     rates = rates_table(list(explains.values()))
     best_rates = {kind: [r for r in rows if best.get((r["method"], r["k"])) == r["run"]] for kind, rows in rates.items()}
     by_name = {m["run"]: m for m in runs}
@@ -145,12 +162,10 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
     sheet, tiles = thumbnails(data, rows, sorted(set(pairs) | {p["pair"] for p in shown_pairs}))
     attributes = {kind: [data.attribute_names[c] for c in data.columns(kind)] for kind in data.kinds}
     tables = {kind: headline.headline(runs, kind) for kind in data.kinds}
-    ranked = sorted((r for rows_ in tables.values() for r in rows_ if r["match_score"] is not None), key=lambda r: -r["match_score"])
-    lead = ranked[0] if ranked else None
-    other = next((r for r in ranked if lead and r["k"] == lead["k"] and r["method"] != lead["method"]), None)
+    lead, other = explorer_pair(tables.get("objects") or next(iter(tables.values()), []))
     report = ReportData(
         title=params.report.title,
-        provenance=provenance(params, encoder, layout.root.resolve()),
+        provenance=provenance(encoder, runs, layout.root.resolve()),
         params_yaml=params_text,
         dataset={"kinds": {k: {"n": v["n"], "n_attributes": len(v["columns"]), "one_hot": v["one_hot"]} for k, v in data.meta["kinds"].items()},
                  "n": data.meta["n"], "n_attributes": len(data.attribute_names)},

@@ -36,15 +36,17 @@ def test_every_figure_uses_only_trace_types_of_the_basic_bundle() -> None:
 def test_sprite_puts_each_image_at_its_tile() -> None:
     colours = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0], [0, 255, 255]], np.uint8)
     images = np.repeat(np.repeat(colours[:, None, None, :], 4, axis=1), 4, axis=2)  # five flat 4 x 4 images
-    uri = sprite(images, tile=8, columns=2)
+    uri = sprite(images, tile=8, columns=2, quality=None)
     assert uri.startswith("data:image/webp;base64,")
     sheet = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB"))
-    assert sheet.shape == (3 * 8, 2 * 8, 3)  # 5 tiles, 2 to a row: 3 rows; lossless by default
+    assert sheet.shape == (3 * 8, 2 * 8, 3)  # 5 tiles, 2 to a row: 3 rows; lossless, so exact
     place = tile_style(2)
     for i, rgb in enumerate(colours):
         assert place(i) == f"--c:{i % 2};--r:{i // 2}"
         assert (sheet[(i // 2) * 8:(i // 2 + 1) * 8, (i % 2) * 8:(i % 2 + 1) * 8] == rgb).all()
     assert place(-1) == "" and place(None) == ""
-    assert len(sprite(images, tile=8, columns=2, quality=60)) < len(uri) * 4  # lossy is an option
+    lossy = np.asarray(Image.open(io.BytesIO(base64.b64decode(sprite(images, tile=32, columns=2).split(",", 1)[1]))).convert("RGB"))
+    centres = lossy[[16, 16, 48, 48, 80], [16, 48, 16, 48, 16]].astype(int)  # the default, lossy quality 80: each tile's centre
+    assert np.abs(centres - colours).max() < 24
     with pytest.raises(ValueError, match="images"):
         sprite(np.zeros((0, 4, 4, 3), np.uint8))

@@ -60,13 +60,19 @@ def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None
     assert table["objects"][0]["attribute_precision"] == {"dense": 1.0, "sparse": 1.0, "topk_original": 1.0}
     assert report_images(list(explains.values())) == ([40, 41, 42, 43], [7])
     view = explorer(runs, explains, {"objects": ["red", "green", "blue", "yellow"]}, {"r40": 0, "r41": 1, "p7b": 5})
-    assert [(r["run"], r["k"], r["size"], r["score"]) for r in view] == [("identity-1", 1, 4, 0.7), ("identity-2", 1, 4, 0.2)]
-    first = view[0]["latents"][0]
-    assert (first["id"], first["i"], first["r"], first["t"], first["m"]) == ("+0", 0, [40], [0], {"objects": ["red", 1.0]})
-    assert first["c"] == {"objects": ["red"]} and view[0]["latents"][1]["c"] == {"objects": ["green"]}
-    assert view[1]["latents"][0]["c"] == {}  # identity-2 records no coalitions
-    assert view[0]["pairs"][0]["before"] == 5 and view[0]["pairs"][0]["after"] == -1  # -1: no image
-    assert set(view[0]["floor"]) == {"n", "mean", "p95", "max"}
+    assert view["tiles"] == {40: 0, 41: 1}
+    assert [(r["run"], r["k"], r["size"], r["score"]) for r in view["runs"]] == [("identity-1", 1, 4, 0.7), ("identity-2", 1, 4, 0.2)]
+    words = view["words"]
+    first = view["runs"][0]["latents"][0]
+    assert (first["id"], first["r"], [words[w] for w in first["n"]]) == ("+0", [40], ["red", "green"])
+    assert [words[first["m"]["objects"][0]], first["m"]["objects"][1]] == ["red", 1.0]
+    assert {k: [words[w] for w in v] for k, v in first["c"].items()} == {"objects": ["red"]}
+    second = view["runs"][0]["latents"][1]
+    assert {k: [words[w] for w in v] for k, v in second["c"].items()} == {"objects": ["green"]}
+    assert view["runs"][1]["latents"][0]["c"] == {}  # identity-2 records no coalitions
+    assert view["runs"][0]["pairs"][0]["before"] == 5 and view["runs"][0]["pairs"][0]["after"] == -1  # -1: no image
+    assert set(view["runs"][0]["floor"]) == {"n", "mean", "p95", "max"}
+    assert len(words) == len(set(words)), "every word once"
 
 
 def test_confusion_rows_are_shares_of_each_true_value() -> None:

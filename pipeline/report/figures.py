@@ -261,7 +261,7 @@ def explanation_rates(rows: list[dict[str, Any]], kind: str) -> go.Figure:
                                  customdata=[r["run"] for r in rows], hovertemplate=f"%{{customdata}}<br>{source}: %{{y:.3f}}<extra></extra>"),
                           row=row, col=1)
     if scored:
-        series = [("model_precision", "model: precision", "#0072B2"), ("model_recall", "model: recall", "#56B4E9"),
+        series = [("model_precision", "model: precision", "#009E73"), ("model_recall", "model: recall", "#8FD3BD"),
                   ("dense_precision", "dense: precision", "#555555"), ("dense_recall", "dense: recall", "#BBBBBB")]
         for key, name, colour in series:
             fig.add_trace(go.Bar(x=x, y=[(r["relevance"] or {}).get(key) for r in rows], name=name, marker_color=colour,

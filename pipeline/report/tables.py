@@ -60,34 +60,40 @@ def _round(value: Any, digits: int = 3) -> Any:
 
 
 def explorer(runs: list[dict[str, Any]], explains: dict[str, dict[str, Any]], attributes: dict[str, list[str]],
-             tiles: dict[str, int]) -> list[dict[str, Any]]:
-    """The latent explorer's data: every run (runs' order) with its kept latents and intervention pairs, in short keys.
+             tiles: dict[str, int]) -> dict[str, Any]:
+    """The latent explorer's data: every run (runs' order) with its kept latents and intervention pairs, in short keys,
+    every concept and attribute name once in `words` (latents refer to them by position): the page stays small.
 
-    Per run: run, method, k, size, score (`best_score`), named, floor (explain.json's naming_floor: the best-concept
-    cosine of random directions, or None), latents, pairs. Per latent: id (its label), i (index), f (activation
-    frequency), n / s (names and their cosines), r (dataset rows of its top images), t (their tiles in the image sprite,
-    -1 without an image), v (activations there), h / hm (histogram counts over [0, hm]), m (kind -> [best-matching
-    attribute, its test F1] or None), c (kind -> attributes whose FBMP coalition holds it, from metrics.json). Per pair:
-    kind, pair, edit, before / after tiles, on / off ([label, name] of switched latents).
+    Returns {"words": [...], "tiles": {dataset row: sprite tile}, "runs": [...]}. Per run: run, method, k, size, score
+    (`best_score`), named, floor (explain.json's naming_floor: the best-concept cosine of random directions, or None),
+    latents, pairs. Per latent: id (its label, e.g. "+3"), f (activation frequency), n / s (its names as word positions,
+    and their cosines), r (dataset rows of its top images), v (its activations there), h / hm (histogram counts over
+    [0, hm]), m (kind -> [word of its best-matching attribute, that test F1] or None), c (kind -> words of the attributes
+    whose FBMP coalition holds it, from metrics.json). Per pair: kind, pair, edit, before / after (sprite tiles, -1 without
+    an image), on / off ([label, name] of the latents that switched).
     runs: metrics.json contents; explains: run -> explain.json; attributes: kind -> its attribute names (the columns
     the coalitions index); tiles: thumbnail key ("r<row>", "p<i>b", "p<i>a") -> sprite tile."""
+    words: dict[str, int] = {}
+
+    def word(text: str) -> int:
+        return words.setdefault(str(text), len(words))
+
     out = []
     for metrics in runs:
         name = metrics["run"]
         if name not in explains:
             raise ValueError(f"explains: no explanations for run {name!r}")
         e = explains[name]
-        member: dict[int, dict[str, list[str]]] = {}
+        member: dict[int, dict[str, list[int]]] = {}
         for kind, concepts in metrics.get("concepts", {}).items():
             for column, coalition in enumerate((concepts.get("trained") or {}).get("coalitions") or []):
                 for latent in coalition:
-                    member.setdefault(int(latent), {}).setdefault(kind, []).append(attributes[kind][column])
+                    member.setdefault(int(latent), {}).setdefault(kind, []).append(word(attributes[kind][column]))
         latents = [{
-            "id": latent["latent"], "i": latent["index"], "f": _round(latent["frequency"]), "n": latent["names"],
-            "s": [_round(v) for v in latent["scores"]], "r": latent["top_images"], "t": [tiles.get(f"r{row}", -1) for row in latent["top_images"]],
-            "v": [_round(v) for v in latent.get("top_values", [])], "h": (latent.get("histogram") or {}).get("counts", []),
-            "hm": _round((latent.get("histogram") or {}).get("max")),
-            "m": {kind: None if match is None else [match[0], _round(match[1])] for kind, match in (latent.get("matches") or {}).items()},
+            "id": latent["latent"], "f": _round(latent["frequency"]), "n": [word(n) for n in latent["names"]],
+            "s": [_round(v) for v in latent["scores"]], "r": latent["top_images"], "v": [_round(v) for v in latent.get("top_values", [])],
+            "h": (latent.get("histogram") or {}).get("counts", []), "hm": _round((latent.get("histogram") or {}).get("max")),
+            "m": {kind: None if match is None else [word(match[0]), _round(match[1])] for kind, match in (latent.get("matches") or {}).items()},
             "c": member.get(int(latent["index"]), {}),
         } for latent in e["latents"]]
         pairs = [{"kind": p["kind"], "pair": p["pair"], "edit": p["edit"], "before": tiles.get(f"p{p['pair']}b", -1),
@@ -97,7 +103,8 @@ def explorer(runs: list[dict[str, Any]], explains: dict[str, dict[str, Any]], at
         out.append({"run": name, "method": metrics["method"], "k": e["k"], "size": metrics.get("size"), "score": json_number(best_score(metrics)),
                     "named": e.get("named", True), "floor": None if floor is None else {key: _round(v) for key, v in floor.items()},
                     "latents": latents, "pairs": pairs})
-    return out
+    rows = {int(key[1:]): tile for key, tile in tiles.items() if key.startswith("r")}
+    return {"words": list(words), "tiles": rows, "runs": out}
 
 
 def example_table(explains: dict[str, dict[str, Any]], best: dict[tuple[str, int], str]) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@
 (function () {
   "use strict";
   var config = JSON.parse(document.getElementById("plotly-config").textContent);
+  var template = JSON.parse(document.getElementById("plotly-template").textContent);  // shared by every figure
 
   // --- figures: drawn when near the viewport (or when a <details> holding them opens) -------------------------------
   var pending = {};
@@ -12,6 +13,7 @@
     if (!spec) return;
     delete pending[div.id];
     var f = JSON.parse(spec.textContent);
+    if (f.layout.template === undefined) f.layout.template = template;
     Plotly.newPlot(div, f.data, f.layout, config);
   }
   var specs = document.querySelectorAll("script.figure-spec");
@@ -80,7 +82,7 @@
   // --- the latent explorer ------------------------------------------------------------------------------------------
   var explorerData = document.getElementById("explorer-data");
   var explorer = explorerData ? JSON.parse(explorerData.textContent) : null;
-  var PAGE = 24;  // cards drawn per panel before "show more"
+  var PAGE = 12;  // cards drawn per panel before "show more"
   function el(tag, cls, text) {
     var e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -127,8 +129,8 @@
     if (/^[+-]?\d+$/.test(q)) {  // an id: "12" finds latent 12 (and a rotation's half-axes +12 and -12), "+12" only +12
       return latent.id === q || (/^\d/.test(q) && latent.id.replace(/^[+-]/, "") === q);
     }
-    return latent.n.some(function (name) { return name.toLowerCase().indexOf(q) >= 0; }) ||
-      Object.keys(latent.m).some(function (k) { return latent.m[k] && latent.m[k][0].toLowerCase().indexOf(q) >= 0; });
+    return latent.n.some(function (w) { return explorer.words[w].toLowerCase().indexOf(q) >= 0; }) ||
+      Object.keys(latent.m).some(function (k) { return latent.m[k] && explorer.words[latent.m[k][0]].toLowerCase().indexOf(q) >= 0; });
   }
   function card(run, latent) {
     var c = el("div", "card");
@@ -141,17 +143,17 @@
     var match = el("div", "card-match");
     kinds.forEach(function (kind) {
       var m = latent.m[kind];
-      match.appendChild(el("span", "kv", kind + ": " + (m ? m[0] + " (F1 " + m[1].toFixed(2) + ")" : "no attribute")));
+      match.appendChild(el("span", "kv", kind + ": " + (m ? explorer.words[m[0]] + " (F1 " + m[1].toFixed(2) + ")" : "no attribute")));
     });
     Object.keys(latent.c).forEach(function (kind) {
-      match.appendChild(el("span", "kv coal", "FBMP coalition of " + latent.c[kind].join(", ") + " (" + kind + ")"));
+      match.appendChild(el("span", "kv coal", "FBMP coalition of " + latent.c[kind].map(function (w) { return explorer.words[w]; }).join(", ") + " (" + kind + ")"));
     });
     c.appendChild(match);
     var names = el("div", "card-names");
     if (!run.named) names.appendChild(el("span", "muted", "(no concept vocabulary)"));
     var floor = run.floor ? run.floor.p95 : null;
-    latent.n.forEach(function (name, i) {
-      var chip = el("span", "concept" + (floor !== null && latent.s[i] < floor ? " weak" : ""), name + " ");
+    latent.n.forEach(function (w, i) {
+      var chip = el("span", "concept" + (floor !== null && latent.s[i] < floor ? " weak" : ""), explorer.words[w] + " ");
       chip.appendChild(el("span", "s", latent.s[i].toFixed(2)));
       if (floor !== null && latent.s[i] < floor) chip.title = "cosine below the noise floor " + floor.toFixed(2);
       names.appendChild(chip);
@@ -159,9 +161,9 @@
     c.appendChild(names);
     var body = el("div", "card-body");
     var images = el("div", "card-images");
-    latent.t.forEach(function (t, i) {
+    latent.r.forEach(function (row, i) {
       var fig = el("figure");
-      fig.appendChild(tile(t, 96, "test image " + latent.r[i]));
+      fig.appendChild(tile(row in explorer.tiles ? explorer.tiles[row] : -1, 80, "test image " + row));
       fig.appendChild(el("figcaption", null, latent.v[i] === undefined || latent.v[i] === null ? "" : latent.v[i].toPrecision(3)));
       images.appendChild(fig);
     });
