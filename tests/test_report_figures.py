@@ -33,7 +33,7 @@ def test_fvu_vs_k_draws_fixed_bases_once_one_panel_per_size_and_twins_behind_one
 
 def concept_run(run: str, method: str, size: int, k: int, score: float, rotation: bool) -> dict:
     v = {"match_score": score, "tapas": {"score": score / 2}}
-    return {"run": run, "method": method, "size": size, "k": k, "rotation": rotation,
+    return {"run": run, "method": method, "size": size, "k": k, "rotation": rotation, "best_epoch": 0 if method == "pca" else 5,
             "concepts": {"objects": {"trained": v, "delta_match_score": score / 4}}}
 
 
@@ -53,6 +53,7 @@ def test_scores_vs_size_keeps_every_method_in_the_legend_and_draws_rotations_as_
     cedar = [t for t in fig.data if t.name == "cedar" and t.xaxis == "x"]
     assert [(list(t.x), list(t.y), t.meta) for t in cedar] == [([64, 128], [0.7, 0.7], 8), ([64, 128], [0.6, 0.6], 32)]
     assert cedar[0].line.dash == "dash" and cedar[0].mode == "lines", "a rotation is a horizontal reference, not a diamond at d"
+    assert {t.name for t in fig.data if t.xaxis == "x2"} == {"cedar", "topk", "relu"}, "a fixed basis has no Delta-MATCHScore to draw"
 
 
 def test_scores_vs_k_one_line_per_method() -> None:

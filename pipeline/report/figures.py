@@ -183,8 +183,8 @@ SCORE_SERIES = (("MATCHScore (FBMP)", lambda c: c["trained"]["match_score"]), ("
 def scores_vs_size(runs: list[dict[str, Any]], kind: str) -> go.Figure:
     """Concept scores against the number of latents at one k (buttons switch k): MATCHScore, Delta-MATCHScore and
     TAPAScore of the trained models, one line per SAE method across dictionary sizes, and each rotation method (d
-    latents) as a dashed horizontal reference line at its value for that k. Every trace of a method carries its legend
-    entry, so switching k keeps every method in the legend."""
+    latents) as a dashed horizontal reference line at its value for that k (fixed bases not in the Delta panel: they
+    train nothing). Every trace of a method carries its legend entry, so switching k keeps every method in the legend."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=len(SCORE_SERIES), subplot_titles=[title for title, _ in SCORE_SERIES], horizontal_spacing=0.06)
@@ -196,8 +196,8 @@ def scores_vs_size(runs: list[dict[str, Any]], kind: str) -> go.Figure:
         for method in _methods_in_order(runs):
             for k in ks:
                 group = sorted((r for r in runs if r["method"] == method and r["k"] == k), key=lambda r: r["size"])
-                if not group:
-                    continue
+                if not group or (title == "Delta-MATCHScore" and not any(r.get("best_epoch") for r in group)):
+                    continue  # a fixed basis has no Delta-MATCHScore (0 by construction): not drawn as if it scored 0
                 rotation = group[0]["rotation"]
                 y = [value(r["concepts"][kind]) for r in group]
                 fig.add_trace(go.Scatter(
