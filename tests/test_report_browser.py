@@ -155,6 +155,11 @@ def test_page_is_quiet_offline_and_keeps_markup_as_text(browser: Browser, page: 
     assert browser.js("document.querySelectorAll('script:not([type]):not([src])').length") == 2  # plotly.js and the page's own
     assert ESCAPED in browser.js("document.body.innerHTML"), "the markup in data strings must be shown as text"
     assert browser.js("[...document.querySelectorAll('.concept')].some(e => e.textContent.includes('<script>'))")
+    titles = browser.js("[...document.querySelectorAll('.modebar-btn')].map(b => b.getAttribute('data-title') || '')")
+    assert titles and not [t for t in titles if any(w in t.lower() for w in ("cloud", "chart studio", "share", "plotly"))], titles
+    assert browser.js("document.querySelectorAll('.modebar .plotlyjsicon').length") == 0, "no logo link to plotly's site"
+    provenance = browser.js("[...document.querySelectorAll('#provenance th')].map(t => t.textContent)")
+    assert provenance[:4] == ["code digest", "git commit", "report built", "device"]
 
 
 @needs_chromium
