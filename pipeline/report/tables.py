@@ -1,7 +1,8 @@
 """The report's tables, built from what the evaluate stages wrote (metrics.json, explain.json): no recomputation.
 
-- choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run), `best_run`;
-- the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`;
+- choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run at each k), `best_run`;
+- the latent explorer's data of every run (`explorer`), the explanations side by side (`example_table`, `rates_table`),
+  the images the page shows (`report_images`) and the encoder's zero-shot confusion (`confusion`);
 - the sanity check in numbers (`separation`, per edited family `family_separation`) and the evaluation conventions
   in use (`conventions`).
 """
