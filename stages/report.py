@@ -2,13 +2,13 @@
 
 Reads store/metrics/encoder.json, store/eval/*/metrics.json, fvu_curve.json and explain.json, store/data
 (meta.json; the images shown as thumbnails) and params.yaml; writes reports/index.html (atomically).
-Recomputes nothing. Reads params: sweep, report. The page carries its build time, the library versions and the git
-commit: it is the one output that is not byte-deterministic (`cache: false` in dvc.yaml).
+Recomputes nothing. Reads params: sweep, report. The page carries the git commit, the devices and the library
+versions; its build time is the file's own modification time, which the page's script shows (document.lastModified),
+so the same records, code and environment still give the same bytes (a rerun of the stage changes nothing DVC sees).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -98,8 +98,9 @@ def git_commit(root: Any) -> str | None:
 
 
 def provenance(encoder: dict[str, Any], runs: list[dict[str, Any]], root: Any) -> dict[str, Any]:
-    """What made this report: the code digest, the git commit, the build time (UTC), the devices the stages recorded
-    (encoder.json, each run's metrics.json), the library versions and what is known of the training time."""
+    """What made this report: the code digest, the git commit, the devices the stages recorded (encoder.json, each
+    run's metrics.json), the library versions and what is known of the training time (the build time is the page's
+    own: its file's modification time)."""
     import torch
 
     versions = {"python": platform.python_version()}
@@ -113,7 +114,6 @@ def provenance(encoder: dict[str, Any], runs: list[dict[str, Any]], root: Any) -
     return {
         "code_digest": code_digest(("pipeline", "stages")),
         "git_commit": git_commit(root),
-        "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": f"encoder stage: {encoder.get('device', 'not recorded')} · grid cells: "
                   + ", ".join(f"{device} ({count} runs)" for device, count in sorted(devices.items()))
                   + f" · report built on: {here} ({platform.machine()}, {os.cpu_count()} CPUs)",

@@ -7,6 +7,7 @@ URIs; data strings carrying markup are shown as text, never run. Chromium: `apt-
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ def synthetic_report() -> ReportData:
     best_rates = [r for r in rates["objects"] if best.get((r["method"], r["k"])) == r["run"]]
     return ReportData(
         title=f"synthetic {EVIL}", params_yaml=f"title: {EVIL}\n",
-        provenance={"code_digest": "test", "git_commit": None, "built": "today", "device": "cpu", "versions": {"numpy": np.__version__},
+        provenance={"code_digest": "test", "git_commit": None, "device": "cpu", "versions": {"numpy": np.__version__},
                     "training_time": "not recorded"},
         dataset={"kinds": {"objects": {"n": 200, "n_attributes": 34, "one_hot": True}}, "n": 200, "n_attributes": 34},
         encoder=encoder, runs=runs,
@@ -160,6 +161,8 @@ def test_page_is_quiet_offline_and_keeps_markup_as_text(browser: Browser, page: 
     assert browser.js("document.querySelectorAll('.modebar .plotlyjsicon').length") == 0, "no logo link to plotly's site"
     provenance = browser.js("[...document.querySelectorAll('#provenance th')].map(t => t.textContent)")
     assert provenance[:4] == ["code digest", "git commit", "report built", "device"]
+    built = browser.js("document.querySelector('#provenance .built-time').textContent")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", built), built  # the file's modification time
 
 
 @needs_chromium

@@ -28,7 +28,7 @@ class ReportData:
     """Everything the page shows, already computed by earlier stages."""
 
     title: str
-    provenance: dict[str, Any]  # code_digest, git_commit (or None), built, device, versions {package: version}
+    provenance: dict[str, Any]  # code_digest, git_commit (or None), device, versions {package: version}, training_time
     params_yaml: str
     dataset: dict[str, Any]
     encoder: dict[str, Any]

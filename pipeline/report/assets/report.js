@@ -240,5 +240,13 @@
     renders.forEach(function (r) { r(); });
   }
 
+  // --- the build time: the file's own modification time, so the bytes stay the same for the same records --------------
+  var written = new Date(document.lastModified);
+  if (!isNaN(written)) {
+    document.querySelectorAll(".built-time").forEach(function (e) {
+      e.textContent = written.toISOString().slice(0, 16).replace("T", " ") + " UTC";
+    });
+  }
+
   window.cedarReport = {drawAll: drawAll};
 })();
