@@ -86,12 +86,14 @@ def thumbnails(data: Dataset, rows: list[int], pairs: list[int]) -> tuple[str | 
 
 
 def git_commit(root: Any) -> str | None:
-    """The checkout's commit (with "+ uncommitted changes" when the tree is dirty), or None outside a git checkout."""
+    """The checkout's commit, with "+ uncommitted changes" when the code (pipeline/, stages/: what the code digest
+    covers) differs from it, or None outside a git checkout. dvc.lock and params.yaml are left out: `dvc repro` rewrites
+    the lock while it runs, and the params are in the page."""
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "pipeline", "stages"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return commit.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
