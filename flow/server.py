@@ -44,11 +44,14 @@ def prefect_home(root: Path) -> Path:
 
 
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
-    """Whether the Prefect API at `api_url` (…/api) answers its health check."""
+    """Whether the Prefect API at `api_url` (…/api) answers its health check: any answer but a server error counts
+    (a hosted API may want credentials for it); no connection, a timeout or a 5xx does not."""
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError, ValueError):
+            return response.status < 500
+    except urllib.error.HTTPError as e:
+        return e.code < 500
+    except (OSError, ValueError):
         return False
 
 
