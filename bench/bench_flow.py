@@ -46,9 +46,9 @@ def project_copy(path: Path, preset: str) -> Path:
     return path
 
 
-#: the --wide grid; rotation ks fit d = 16 (synthetic-tiny), every SAE k fits every size
+#: the --wide grid; every k fits d = 16 (synthetic-tiny: the models refuse k > d) and every dictionary size
 WIDE = {"rotation": {"methods": ["cedar", "identity", "pca", "ica", "random_rotation"], "ks": [1, 2, 4, 8, 12, 16]},
-        "sae": {"methods": ["relu", "topk", "batchtopk", "jumprelu", "matryoshka"], "dict_sizes": [32, 64, 128, 256], "ks": [1, 2, 4, 8, 16, 32]}}
+        "sae": {"methods": ["relu", "topk", "batchtopk", "jumprelu", "matryoshka"], "dict_sizes": [32, 64, 128, 256], "ks": [1, 2, 4, 8, 12, 16]}}
 
 
 def set_params(path: Path, threads: int | None, wide: bool) -> None:
