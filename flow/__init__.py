@@ -3,8 +3,9 @@
 - `graph`: the DVC side (what is stale and in what order, starting a stage, recording it in dvc.lock);
 - `cluster`: the cluster file (cluster.yaml) and the Dask cluster it describes;
 - `command`: what a Dask worker runs, a stage's dvc.yaml commands;
+- `server`: the Prefect API a flow reports to (the project's own server for large flows) and the watch on it;
 - `prefect_flow`: the Prefect flow, its artifacts and `cedar serve`;
-- `commands`: the `cedar flow`, `cedar serve` and `cedar cluster script` commands.
+- `commands`: the `cedar flow`, `cedar serve`, `cedar cluster script` and `cedar server` commands.
 
 Only `prefect_flow` imports Prefect, so `cedar flow --dry` and the no-op case answer without starting it.
 """

@@ -1,6 +1,7 @@
 """The flow's commands of `cedar`: `cedar flow` (run the stale DVC stages as a Prefect flow on a Dask cluster, or
-print the plan with --dry), `cedar serve` (the flow as a Prefect deployment) and `cedar cluster script` (a batch
-system's job script). The `cedar` command (`cli.main`) adds them to its parser with `add_flow_commands`.
+print the plan with --dry), `cedar serve` (the flow as a Prefect deployment), `cedar cluster script` (a batch
+system's job script) and `cedar server start|stop|status` (the project's Prefect server, `flow.server`). The
+`cedar` command (`cli.main`) adds them to its parser with `add_flow_commands`.
 
 Prefect is imported only when there is work: it takes seconds to start, so `cedar flow` with nothing stale answers
 as fast as `dvc repro`.
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 from flow import configure_prefect_env
-from pipeline.paths import Layout
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -38,7 +38,7 @@ def cmd_flow(args: argparse.Namespace) -> int:
 
 
 def flow_or_plan(args: argparse.Namespace) -> int:
-    from flow.cluster import choose_cluster
+    from flow.cluster import check_submission, choose_cluster
     from flow.graph import Project, set_params
 
     if args.retries < 0:
@@ -46,7 +46,10 @@ def flow_or_plan(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     if args.set:
         set_params(root / "params.yaml", args.set)
-    choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    cluster = choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    note = check_submission(cluster, f"{args.cluster_file}: {args.cluster}", required=not args.dry)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     project = Project(root)
     try:
         plan = project.plan(args.targets)
@@ -63,34 +66,60 @@ def flow_or_plan(args: argparse.Namespace) -> int:
     if not plan:
         print("Data and pipelines are up to date.")
         return 0
+    from flow.server import choose_api
+
     configure_prefect_env(root)
     exit_cleanly_on_sigterm()
-    from flow.prefect_flow import pipeline_flow
+    try:
+        choose_api(root, len(plan))
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    from flow.prefect_flow import pipeline_flow, summary
 
     outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
                             retries=args.retries, root=str(root))
-    ran = [name for name, status in outcome.items() if status == "ran"]
-    print(f"Ran {len(ran)} of {len(outcome)} planned stages; report: {Layout(root).report}")
+    print(summary(outcome, root))
     return 0
 
 
 def cmd_cluster_script(args: argparse.Namespace) -> int:
-    from flow.cluster import JobqueueSettings, choose_cluster
+    """The job script of cluster NAME, by default the cluster file's first batch-system entry."""
+    from flow.cluster import JobqueueSettings, choose_cluster, default_batch_cluster
 
-    cluster = choose_cluster(args.root / args.cluster_file, args.name)
+    path = args.root / args.cluster_file
+    name = args.name if args.name is not None else default_batch_cluster(path)
+    cluster = choose_cluster(path, name)
     if not isinstance(cluster, JobqueueSettings):
-        raise ValueError(f"cluster {args.name!r} is of kind {cluster.kind!r}: only batch-system clusters (slurm, pbs, lsf, sge, htcondor) submit job scripts")
-    print(cluster.job_script())
+        raise ValueError(f"cluster {name!r} is of kind {cluster.kind!r}: only batch-system clusters (slurm, pbs, lsf, sge, htcondor) submit job scripts")
+    print(cluster.job_script(args.root.resolve()))
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """`cedar server start|stop|status`: the project's Prefect server (flow.server)."""
+    from flow.server import project_server, start_project_server, stop_project_server
+
+    root = args.root.resolve()
+    if args.action == "start":
+        url = start_project_server(root)
+        print(f"Prefect server of {root}: {url.removesuffix('/api')} (API {url}); flows of this project report to it until `cedar server stop`")
+    elif args.action == "stop":
+        print("stopped" if stop_project_server(root) else "no Prefect server of this project was running")
+    else:
+        url = project_server(root)
+        print(f"running: {url.removesuffix('/api')} (API {url})" if url else "not running")
+        return 0 if url else 3
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flow.cluster import choose_cluster
+    from flow.cluster import check_submission, choose_cluster
     from pipeline.config import load_params
 
     root = args.root.resolve()
     load_params(root / "params.yaml")
-    choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    cluster = choose_cluster(root / args.cluster_file, args.cluster, args.dask)
+    check_submission(cluster, f"{args.cluster_file}: {args.cluster}", required=True)
     configure_prefect_env(root)
     exit_cleanly_on_sigterm()
     from flow.prefect_flow import serve
@@ -123,7 +152,7 @@ def add_flow_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cluster", help="clusters of the cluster file")
     cluster_sub = p.add_subparsers(dest="cluster_command", required=True)
     p = cluster_sub.add_parser("script", help="print the batch job script of a slurm/pbs/lsf/sge/htcondor cluster")
-    p.add_argument("name")
+    p.add_argument("name", nargs="?", default=None, help="a cluster of the file (default: its first batch-system entry)")
     p.add_argument("--cluster-file", type=Path, default=Path("cluster.yaml"), help="relative to --root (default cluster.yaml)")
     p.add_argument("--root", type=Path, default=Path("."))
     p.set_defaults(func=cmd_cluster_script)
@@ -133,3 +162,7 @@ def add_flow_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cron", default=None, help="also run on this cron schedule")
     p.add_argument("--interval", type=float, default=None, help="also run every this many seconds")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("server", help="this project's Prefect server (large flows start it; it keeps running for later flows)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--root", type=Path, default=Path("."), help="the project (default: .); its server's database is in .prefect/")
+    p.set_defaults(func=cmd_server)

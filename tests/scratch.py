@@ -26,7 +26,7 @@ def scratch_copy(tmp: Path, params: str | None = None) -> Path:
     """The tracked project files (what a clone has) in a fresh git repository `tmp/repo`, with `params` (default: the
     tiny preset) as params.yaml."""
     repo = tmp / "repo"
-    for name in ["pipeline", "stages", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
+    for name in ["pipeline", "stages", "flow", "cli", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -34,7 +34,7 @@ def scratch_copy(tmp: Path, params: str | None = None) -> Path:
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / name)
     (repo / "params.yaml").write_text(preset_text("tiny") if params is None else params)
-    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n")
+    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n/logs/\n")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scratch")

@@ -8,8 +8,8 @@ import pytest
 from scipy import sparse
 
 from pipeline.explain.cards import activation_stats, best_attributes, naming_floor
-from pipeline.explain.naming import name_latents
 from pipeline.explain.explanations import explain_run
+from pipeline.explain.naming import name_latents
 
 CODES = np.array([[0.0, 2.0, 0.5],
                   [1.0, 0.0, 0.5],
