@@ -1,7 +1,7 @@
 """Benchmark: the evaluate stage of one cell against encoding its rows with the same model, side by side in one run.
 
     python bench/bench_evaluate.py [--n 20000] [--d 768] [--dict 4096] [--k 32] [--steps 200] [--batch 256]
-                                   [--cells topk,cedar] [--device auto] [--workdir DIR]
+                                   [--device auto] [--workdir DIR] [--reuse]
 
 A synthetic project (the `synthetic` source: --n embeddings of dimension --d, 28 one-hot families of 11 values =
 308 planted concepts; evaluate at the defaults but `ks: [k]`) with a TopK SAE cell (--dict latents, k) and a CEDAR
@@ -12,7 +12,8 @@ cell (d axes, k), each trained --steps steps. For each cell, in this one process
   `max_match_rows` subsample of the training split), already in memory, in batches of `evaluate.batch_size`
   (`SparseModel.encode`, the codes brought back to the host as CSR) -- the bare work of encoding;
 - `evaluate`: the evaluate stage (`stages.evaluate.run`: every metric and the explanations, the codes written and
-  read back), its seconds per part from the timings file it writes;
+  read back; the cell's code sets deleted first, so that it encodes everything), its seconds per part from the
+  timings file it writes;
 - `encode` again, so that a change of machine load during the run shows.
 
 Output: one JSON line per cell: seconds of both encodings, of the stage and of each timed part, and `ratio` =
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -64,7 +66,10 @@ def project(args: argparse.Namespace, workdir: Path) -> Path:
         "explain": {"caption_images": 100},
         "report": {"title": "bench_evaluate"},
     }
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    text = yaml.safe_dump(params, sort_keys=False)
+    if args.reuse and (root / "params.yaml").exists() and (root / "params.yaml").read_text() == text and Layout(root).captions.exists():
+        return root  # the same project, already built
+    (root / "params.yaml").write_text(text)
     p, layout = load_params(root / "params.yaml"), Layout(root)
     for stage in (data, encoder, extract, captions):
         stage.run(p, layout)
@@ -105,6 +110,7 @@ def measure(root: Path, device: torch.device) -> None:
         x = store.take(np.sort(rows)).astype(np.float32)
         bare_encode([model, twin], x[: p.evaluate.batch_size], p.evaluate.batch_size, device)  # warm-up
         before = bare_encode([model, twin], x, p.evaluate.batch_size, device)
+        shutil.rmtree(layout.codes(cell.name), ignore_errors=True)  # the evaluation encodes everything, as the first time
         sync(device)
         start = time.perf_counter()
         evaluate.run(p, layout, cell)
@@ -128,6 +134,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256, help="rows per step")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (training and evaluation)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true", help="keep a project of the same params already in --workdir (trained models too)")
     args = parser.parse_args()
     device = resolve_device(args.device)
     args.device = str(device)
