@@ -71,9 +71,13 @@ def dvc(repo: Path, *args: str) -> str:
     return result.stdout
 
 
+#: outputs whose bytes differ between runs by design: the evaluations' wall-clock seconds (stages/evaluate.py)
+VARYING = "store/timings/"
+
+
 def outputs(repo: Path) -> dict[str, str]:
-    """sha256 of every file of every output dvc.lock records (relative path -> digest)."""
+    """sha256 of every file of every output dvc.lock records (relative path -> digest), but the timings (`VARYING`)."""
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    paths = [repo / out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])]
+    paths = [repo / out["path"] for stage in lock["stages"].values() for out in stage.get("outs", []) if not out["path"].startswith(VARYING)]
     files = [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p]) if f.is_file()]
     return {f.relative_to(repo).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}

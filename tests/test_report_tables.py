@@ -137,15 +137,16 @@ def test_family_separation_names_the_k_where_a_seen_family_does_not_separate() -
 
 def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
     published = conventions(EvaluateSettings())
-    assert [c["deviation"] for c in published] == [False] * 4
-    assert published[0]["value"] == "1e-08" and published[1]["value"] == "counts as 0"
-    ours = {c["convention"]: c for c in conventions(EvaluateSettings(active_threshold=0.0, tapas_empty="skip", fms_removals=(1,),
-                                                                    fms_levels="paper"))}
+    assert [c["deviation"] for c in published] == [False] * 5
+    assert published[0]["value"] == "1e-08" and published[1]["value"] == "is left out if its added coalition is empty"
+    ours = {c["convention"]: c for c in conventions(EvaluateSettings(active_threshold=0.0, tapas_empty="zero", fms_removals=(1,),
+                                                                    fms_levels="paper", fms_exhausted="majority"))}
     assert all(c["deviation"] for c in ours.values())
-    assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "is left out"
+    assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "counts as 0"
+    assert ours["FMS: a removal count with no latent left to split"]["value"] == "scores the majority rate"
     assert ours["FMS: removals averaged"]["published"] == "1..9"
     relu = "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"
     with_methods = conventions(EvaluateSettings(), {"topk": {}, "relu": {"rescale": False, "l1_coef": 0.05}})
-    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[4:]] == [(relu, "off", False)]
-    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[4:]
+    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[5:]] == [(relu, "off", False)]
+    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[5:]
     assert (rescaled["value"], rescaled["published"], rescaled["deviation"]) == ("on", "off", True)

@@ -271,7 +271,8 @@ def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None 
     deliberately deviates."""
     rules = [
         ("active_threshold", "binarisation: a latent is active above", lambda v: f"{v:g}"),
-        ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"zero": "counts as 0", "skip": "is left out"}[v]),
+        ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"drop_pair": "is left out if its added coalition is empty", "zero": "counts as 0", "skip": "leaves that mean"}[v]),
+        ("fms_exhausted", "FMS: a removal count with no latent left to split", lambda v: {"drop": "leaves the mean", "majority": "scores the majority rate"}[v]),
         ("fms_removals", "FMS: removals averaged", lambda v: ", ".join(map(str, v)) if len(v) < 4 else f"{v[0]}..{v[-1]}"),
         ("fms_levels", "FMS: global term over", lambda v: {"published": "all levels but the root split, with the no-split level",
                                                            "paper": "levels 2..D (the paper's formula)"}[v]),
