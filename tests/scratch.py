@@ -75,6 +75,16 @@ def dvc(repo: Path, *args: str) -> str:
 VARYING = "store/timings/"
 
 
+def stable_lock(repo: Path) -> dict:
+    """dvc.lock's stages without the timings outputs (`VARYING`: wall-clock seconds, whose hashes differ between runs):
+    what two runs of the same params must agree on."""
+    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    for stage in stages.values():
+        if "outs" in stage:
+            stage["outs"] = [out for out in stage["outs"] if not out["path"].startswith(VARYING)]
+    return stages
+
+
 def outputs(repo: Path) -> dict[str, str]:
     """sha256 of every file of every output dvc.lock records (relative path -> digest), but the timings (`VARYING`)."""
     lock = yaml.safe_load((repo / "dvc.lock").read_text())

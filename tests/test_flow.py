@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.scratch import VARYING, copy_repo, dvc, env
+from tests.scratch import copy_repo, dvc, env, stable_lock
 
 pytestmark = pytest.mark.slow
 CLUSTERS = {"two": {"kind": "local", "workers": 2, "processes": True, "dashboard": None}}
@@ -98,13 +98,7 @@ def alive(pid: int, created: float) -> bool:
         return False
 
 
-def lock(repo: Path) -> dict:
-    """dvc.lock's stages, without the timings outputs (wall-clock seconds: their hashes differ between runs)."""
-    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    for stage in stages.values():
-        if "outs" in stage:
-            stage["outs"] = [out for out in stage["outs"] if not out["path"].startswith(VARYING)]
-    return stages
+lock = stable_lock
 
 
 @pytest.fixture(scope="module")

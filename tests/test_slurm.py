@@ -26,7 +26,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.scratch import copy_repo, env, outputs
+from tests.scratch import copy_repo, env, outputs, stable_lock
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,8 +118,7 @@ def watch(watched: Watched, repo: Path, stop: threading.Event) -> None:
                 watched.cancelled[cell] = environ["SLURM_JOB_ID"]
 
 
-def lock(repo: Path) -> dict:
-    return yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+lock = stable_lock
 
 
 def test_the_tiny_pipeline_as_slurm_jobs_of_one_cpu_survives_a_scancel_and_writes_what_dvc_repro_writes(slurm, tiny_pristine, tiny_repro, tmp_path):
