@@ -63,7 +63,7 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     assert ran == expected
     after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
-    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4")}
+    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4"), ("timings", "topk-64-4.json")}
 
 
 def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repro):
