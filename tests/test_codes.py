@@ -79,6 +79,9 @@ def test_one_pass_gives_the_accumulators_numbers_and_the_codes(tmp_path):
     np.testing.assert_allclose(written.read().toarray(), model.sparse_latents(x[rows]).toarray(), rtol=1e-6, atol=1e-7)  # batches round apart
     with pytest.raises(ValueError, match="ascending, unique"):
         encode_rows(model, store, rows[::-1], batch_size=50)
+    codes_only = CodesWriter(tmp_path / "codes_only", model.n_half_latents, {})
+    assert encode_rows(model, store, rows, batch_size=50, codes=codes_only, reconstruct=False) is None
+    np.testing.assert_array_equal(codes_only.finalize().read().toarray(), written.read().toarray())
 
 
 def test_a_code_set_is_reused_only_while_its_fingerprint_holds(tmp_path, caplog):

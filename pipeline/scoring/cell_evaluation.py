@@ -185,8 +185,8 @@ def pass_result(codes: CodeSet, kinds: Iterable[str]) -> tuple[ReconstructionSta
 def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int, path: Path, fingerprint: dict[str, Any],
             probes: Mapping[str, ProbeStream] | None = None) -> CodeSet:
     """The code set of `model` on `rows` of `store` at `path`: reused when its fingerprint matches, else one
-    streamed pass (`encode_rows`) writes it with its reconstruction statistics and, when `probes` are given (per
-    kind), their scores on the pass's batches in its meta (`pass_stats`)."""
+    streamed pass (`encode_rows`) writes it; with `probes` (per kind: the test set) the pass also decodes, and its
+    reconstruction statistics and the probes' scores on its batches go to its meta (`pass_stats`)."""
     try:
         existing = open_codes(path)
         if existing.meta.get("fingerprint") == json.loads(json.dumps(fingerprint)):
@@ -201,7 +201,8 @@ def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int,
         for stream in streams:
             stream.add(batch_rows, x, x_hat)
 
-    reconstruction = encode_rows(model, store, rows, batch_size, codes=writer, on_batch=on_batch if streams else None) if len(rows) else None
+    reconstruction = encode_rows(model, store, rows, batch_size, codes=writer, on_batch=on_batch if streams else None,
+                                 reconstruct=probes is not None) if len(rows) else None
     return writer.finalize(pass_stats(reconstruction, None if probes is None else {kind: s.result() for kind, s in probes.items()}))
 
 

@@ -1,5 +1,6 @@
 """One streamed pass of a sparse model over rows of a store: FVU, mean L0 (K) and dead latents, the codes, and
-anything else that streams (probes); and FVU against K.
+anything else that streams (probes); and FVU against K. A pass whose reconstructions nothing reads (the evaluation's
+matching rows and pairs) only encodes: decoding costs as much as encoding for a dense SAE decoder.
 
 Memory: one batch of embeddings, codes and reconstructions at a time, whatever the number of rows. The model runs on
 its own device (the evaluation moves it to `evaluate.device`); batches travel there from pinned host memory and
@@ -43,10 +44,11 @@ def model_device(model: SparseModel) -> torch.device:
 
 @torch.no_grad()
 def encode_rows(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int, k: int | None = None,
-                codes: CodesWriter | None = None, on_batch: OnBatch | None = None) -> ReconstructionStats:
+                codes: CodesWriter | None = None, on_batch: OnBatch | None = None, reconstruct: bool = True) -> ReconstructionStats | None:
     """Stream `rows` (int64, ascending, unique) of `store` (n, d) through `model` at k (default its own) in batches:
     returns the dataset-level FVU, mean L0 and dead fraction over those rows; writes the latent codes
-    (`SparseModel.latents`, CSR) to `codes` and calls `on_batch` when given."""
+    (`SparseModel.latents`, CSR) to `codes` and calls `on_batch` when given. reconstruct=False: codes only (no
+    decoding, no statistics, no `on_batch`; returns None), for row sets whose reconstructions nothing reads."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) > 1 and not (np.diff(rows) > 0).all():
         raise ValueError("rows: expected ascending, unique row indices (the store is read in order)")
@@ -57,14 +59,16 @@ def encode_rows(model: SparseModel, store: Store, rows: np.ndarray, batch_size: 
         batch_rows = rows[start : start + len(xb)]
         start += len(xb)
         raw = model.encode(host_to_device(xb, device), k)
-        x_hat = model.decode(raw).float().cpu().numpy()
         sparse_raw = tensor_csr(raw)
-        acc.update(xb, x_hat, sparse_raw)
         if codes is not None:
             codes.append(batch_rows, half_axes(sparse_raw) if model.signed else sparse_raw)
+        if not reconstruct:
+            continue
+        x_hat = model.decode(raw).float().cpu().numpy()
+        acc.update(xb, x_hat, sparse_raw)
         if on_batch is not None:
             on_batch(batch_rows, xb, x_hat)
-    return acc.result()
+    return acc.result() if reconstruct else None
 
 
 def reconstruction(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int, k: int | None = None) -> ReconstructionStats:
