@@ -37,7 +37,7 @@ def evaluate_twice(p: Any, layout: Layout, cell: Any) -> tuple[dict[str, Any], d
     from pipeline.models.checkpoint import load_model
     from pipeline.scoring.cell_evaluation import CellInputs, evaluate_cell, untrained_twin
     from pipeline.store import open_store
-    from stages.evaluate import read_concepts
+    from stages.evaluate import metrics_record, read_concepts
 
     model = load_model(layout.model(cell.name))
     inputs = CellInputs(data=open_dataset(layout.data), embeddings=open_store(layout.image_embeddings),
@@ -46,11 +46,11 @@ def evaluate_twice(p: Any, layout: Layout, cell: Any) -> tuple[dict[str, Any], d
     twin = untrained_twin(cell, model.d, p.method_options(cell.method), inputs.embeddings, inputs.data.rows("train"),
                           p.train_settings(cell.method).init_samples, p.seed)
     explain = dataclasses.replace(p.explain, max_rows=min(p.explain.max_rows, 50))  # explanations are not compared
-    published = evaluate_cell(cell, model, twin, inputs, p.evaluate, explain, p.seed, layout.codes(cell.name)).metrics
+    published = metrics_record(evaluate_cell(cell, model, twin, inputs, p.evaluate, explain, p.seed, layout.codes(cell.name)))
     earlier = dataclasses.replace(p.evaluate, tapas_empty="zero", fms_exhausted="majority")
     model, twin = load_model(layout.model(cell.name)), untrained_twin(cell, model.d, p.method_options(cell.method), inputs.embeddings,
                                                                       inputs.data.rows("train"), p.train_settings(cell.method).init_samples, p.seed)
-    return published, evaluate_cell(cell, model, twin, inputs, earlier, explain, p.seed, layout.codes(cell.name)).metrics
+    return published, metrics_record(evaluate_cell(cell, model, twin, inputs, earlier, explain, p.seed, layout.codes(cell.name)))
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ def dead_fraction(codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> float
     return np.count_nonzero(~ever) / ever.size
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReconstructionStats:
     """Dataset-level reconstruction summary. `n` is the number of rows seen."""
 

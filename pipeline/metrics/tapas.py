@@ -40,7 +40,7 @@ from pipeline.records import Undefined
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Tapas:
     """TAPAScore over pairs. delta_add/delta_rem: the two means (see `empty` in `tapascore`). n_pairs: pairs given;
     n_add, n_rem: pairs whose added / removed coalition is non-empty; n_scored: pairs in the means (all but the

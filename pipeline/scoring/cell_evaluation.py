@@ -18,7 +18,12 @@ and the probe scores and writes the sparse codes to a code set (`pipeline.scorin
 code set whose fingerprint (the model's weights, the rows, the source store, the probes) is unchanged is reused
 without encoding, so re-evaluating a cell with new evaluate or explain params encodes nothing.
 
-Takes opened inputs (`CellInputs`) and returns JSON-able records; the evaluate stage reads and writes the files.
+Three steps, each returning frozen result objects: the encode pass (`encode_model` -> `EncodedModel`: code sets,
+reconstruction statistics, probe scores), the concept metrics (`pipeline.scoring.concepts.concept_metrics` ->
+`KindMetrics`) and the explanations (`pipeline.explain.explanations.explain_run`, its explain.json record). A reused
+code set's statistics come from its meta.json, parsed into the same objects (`pass_result`). `evaluate_cell` takes
+opened inputs (`CellInputs`) and returns a `CellEvaluation`; only the evaluate stage turns it into JSON and writes
+the files.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +46,16 @@ from pipeline.explain.explanations import Concepts, KindData, explain_rows, expl
 from pipeline.explain.options import ExplainSettings
 from pipeline.grid import Cell
 from pipeline.metrics.probe import SOLVER as PROBE_SOLVER
+from pipeline.metrics.probe import Probes
+from pipeline.metrics.reconstruction import ReconstructionStats
 from pipeline.models.base import SparseModel
 from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
+from pipeline.records import Undefined
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
-from pipeline.scoring.concepts import ConceptData, ProbeStream, VariantCodes, concept_metrics, fit_family_probes, metrics_device
-from pipeline.scoring.encoding_pass import OnBatch, encode_rows, fvu_curve
+from pipeline.scoring.concepts import (ConceptData, KindMetrics, ProbeScores, ProbeStream, VariantCodes, concept_metrics, fit_family_probes,
+                                       metrics_device)
+from pipeline.scoring.encoding_pass import CurvePoint, encode_rows, fvu_curve
 from pipeline.scoring.options import EvaluateSettings
 from pipeline.scoring.timings import Timings
 from pipeline.store import Store, StoreError
@@ -70,15 +80,41 @@ class CellInputs:
     concepts: Concepts | None
 
 
-@dataclass
-class CellEvaluation:
-    """The records the evaluate stage writes: metrics.json, fvu_curve.json and explain.json, and the seconds of each
-    part of the evaluation (`pipeline.scoring.timings`; a separate file: wall-clock numbers differ from run to run)."""
+@dataclass(frozen=True)
+class EncodedModel:
+    """The encode pass of one model: its code sets (`CODE_SETS`), the reconstruction statistics of the test pass
+    and, per kind, its probe scores on the kind's test rows (None where the kind has no probe)."""
 
-    metrics: dict[str, Any]
-    curve: list[dict[str, Any]]
-    explanations: dict[str, Any]
-    timings: dict[str, float]
+    test: CodeSet
+    match: CodeSet
+    pairs_before: CodeSet
+    pairs_after: CodeSet
+    reconstruction: ReconstructionStats
+    probes: Mapping[str, ProbeScores | None]
+
+    def variant(self, kind: str) -> VariantCodes:
+        """The codes and probe scores the concept metrics of `kind` read."""
+        return VariantCodes(self.match, self.test, self.pairs_before, self.pairs_after, self.probes[kind])
+
+
+@dataclass(frozen=True)
+class CellEvaluation:
+    """Everything the evaluate stage writes: metrics.json (the cell, the latent count `size`, the trained and
+    untrained reconstruction statistics on the `n_test` test rows, `best_epoch`, the encoding `device`, the concept
+    metrics per kind), fvu_curve.json (`curve`), explain.json (`explanations`: `explain_run`'s record) and the seconds
+    of each part (`pipeline.scoring.timings`; a file of its own: wall-clock numbers differ from run to run)."""
+
+    cell: Cell
+    size: int
+    n_test: int
+    best_epoch: int | None
+    device: str
+    trained: ReconstructionStats
+    untrained: ReconstructionStats
+    concepts: Mapping[str, KindMetrics]
+    curve: tuple[CurvePoint, ...]
+    explanations: Mapping[str, Any]
+    timings: Mapping[str, float]
 
 
 def untrained_twin(cell: Cell, d: int, options: dict[str, Any], embeddings: Store, train_rows: np.ndarray, init_samples: int,
@@ -112,10 +148,45 @@ def concept_data(inputs: CellInputs, kind: str, settings: EvaluateSettings, seed
     )
 
 
+def pass_stats(reconstruction: ReconstructionStats | None, probes: Mapping[str, ProbeScores | None] | None) -> dict[str, Any]:
+    """What a code set's meta.json keeps of its pass ("stats"): the reconstruction statistics and, for the test set,
+    the probe scores per kind under "probe"."""
+    stats: dict[str, Any] = asdict(reconstruction) if reconstruction is not None else {}
+    if probes is not None:
+        stats["probe"] = {kind: asdict(scores) if scores is not None else None for kind, scores in probes.items()}
+    return stats
+
+
+def _number(record: Mapping[str, Any], key: str, where: str) -> float:
+    """record[key] as a float; a NaN written as null comes back `Undefined` with the reason written beside it."""
+    if key not in record:
+        raise ValueError(f"{where}: no {key!r} in its statistics (meta.json); delete the code set to encode it again")
+    value = record[key]
+    return Undefined(record.get(f"{key}_undefined", "not a number")) if value is None else float(value)
+
+
+def pass_result(codes: CodeSet, kinds: Iterable[str]) -> tuple[ReconstructionStats, dict[str, ProbeScores | None]]:
+    """The reconstruction statistics and the probe scores of `kinds` kept in a test code set's meta.json
+    (`pass_stats`), parsed: the one way they come back, whether the set was just written or reused."""
+    stats, where = codes.stats, str(codes.path)
+    reconstruction = ReconstructionStats(*(_number(stats, key, where) for key in ("fvu", "l0", "dead_fraction")), n=int(_number(stats, "n", where)))
+    probes = stats.get("probe")
+    if not isinstance(probes, dict):
+        raise ValueError(f"{where}: no probe scores in its statistics (meta.json); delete the code set to encode it again")
+    out: dict[str, ProbeScores | None] = {}
+    for kind in kinds:
+        if kind not in probes:
+            raise ValueError(f"{where}: no probe scores of kind {kind!r} in its statistics (meta.json); delete the code set to encode it again")
+        record = probes[kind]
+        out[kind] = None if record is None else ProbeScores(*(_number(record, f.name, f"{where} (probe {kind})") for f in fields(ProbeScores)))
+    return reconstruction, out
+
+
 def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int, path: Path, fingerprint: dict[str, Any],
-            on_batch: OnBatch | None = None, extra: dict[str, Any] | None = None) -> CodeSet:
+            probes: Mapping[str, ProbeStream] | None = None) -> CodeSet:
     """The code set of `model` on `rows` of `store` at `path`: reused when its fingerprint matches, else one
-    streamed pass (`encode_rows`) writes it, its reconstruction statistics and `extra()` results in its meta."""
+    streamed pass (`encode_rows`) writes it; with `probes` (per kind: the test set) the pass also decodes, and its
+    reconstruction statistics and the probes' scores on its batches go to its meta (`pass_stats`)."""
     try:
         existing = open_codes(path)
         if existing.meta.get("fingerprint") == json.loads(json.dumps(fingerprint)):
@@ -124,41 +195,41 @@ def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int,
     except (StoreError, ValueError, OSError):
         pass
     writer = CodesWriter(path, model.n_half_latents, fingerprint)
-    stats = encode_rows(model, store, rows, batch_size, codes=writer, on_batch=on_batch) if len(rows) else {}
-    return writer.finalize({**stats, **(extra() if extra else {})})
+    streams = list((probes or {}).values())
+
+    def on_batch(batch_rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
+        for stream in streams:
+            stream.add(batch_rows, x, x_hat)
+
+    reconstruction = encode_rows(model, store, rows, batch_size, codes=writer, on_batch=on_batch if streams else None,
+                                 reconstruct=probes is not None) if len(rows) else None
+    return writer.finalize(pass_stats(reconstruction, None if probes is None else {kind: s.result() for kind, s in probes.items()}))
 
 
-def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[str, ConceptData], probes: dict[str, Any],
-                 settings: EvaluateSettings, seed: int, codes_dir: Path, timings: Timings | None = None) -> dict[str, CodeSet]:
-    """Every code set of one model (`CODE_SETS`); the test pass also streams the probes of every kind (their scores
-    land in the test set's meta under "probe"; their seconds in `timings`' "probes")."""
+def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[str, ConceptData], probes: dict[str, Probes | None],
+                 settings: EvaluateSettings, seed: int, codes_dir: Path, timings: Timings | None = None) -> EncodedModel:
+    """Step 1 for one model: every code set (`CODE_SETS`, each reused while its fingerprint holds); the test pass
+    also scores the probes of every kind (their seconds in `timings`' "probes")."""
     base = {"model": weights_digest(model), "method": model.method, "k": model.k}
     match_rows = np.unique(np.concatenate([d.match_rows for d in kinds.values()]))
     pair_ids = np.arange(len(inputs.data.pairs))
-    streams = {kind: ProbeStream(probes[kind], d, timings) for kind, d in kinds.items()}
-
-    def on_batch(rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
-        for stream in streams.values():
-            stream.add(rows, x, x_hat)
 
     def source(store: Store, rows: np.ndarray) -> dict[str, Any]:
         return {**base, "store": store.attrs.get("fingerprint"), "rows": rows_digest(rows)}
 
     probe_key = {kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed, "solver": PROBE_SOLVER} for kind, d in kinds.items()}
+    streams = {kind: ProbeStream(probes[kind], d, timings) for kind, d in kinds.items()}
     test_rows = inputs.data.rows("test")
-    bs = settings.batch_size
-    return {
-        "test": encoded(model, inputs.embeddings, test_rows, bs, codes_dir / name / "test", {**source(inputs.embeddings, test_rows), "probes": probe_key},
-                        on_batch, lambda: {"probe": {kind: stream.result() for kind, stream in streams.items()}}),
-        "match": encoded(model, inputs.embeddings, match_rows, bs, codes_dir / name / "match", source(inputs.embeddings, match_rows)),
-        "pairs_before": encoded(model, inputs.pairs_before, pair_ids, bs, codes_dir / name / "pairs_before", source(inputs.pairs_before, pair_ids)),
-        "pairs_after": encoded(model, inputs.pairs_after, pair_ids, bs, codes_dir / name / "pairs_after", source(inputs.pairs_after, pair_ids)),
-    }
-
-
-def reconstruction_stats(test: CodeSet) -> dict[str, float]:
-    """FVU, L0, dead fraction and n of the test pass (kept in the test code set's meta)."""
-    return {key: test.stats[key] for key in ("fvu", "l0", "dead_fraction", "n")}
+    bs, folder = settings.batch_size, codes_dir / name
+    test = encoded(model, inputs.embeddings, test_rows, bs, folder / "test", {**source(inputs.embeddings, test_rows), "probes": probe_key}, streams)
+    reconstruction, probe_scores = pass_result(test, kinds)
+    return EncodedModel(
+        test=test,
+        match=encoded(model, inputs.embeddings, match_rows, bs, folder / "match", source(inputs.embeddings, match_rows)),
+        pairs_before=encoded(model, inputs.pairs_before, pair_ids, bs, folder / "pairs_before", source(inputs.pairs_before, pair_ids)),
+        pairs_after=encoded(model, inputs.pairs_after, pair_ids, bs, folder / "pairs_after", source(inputs.pairs_after, pair_ids)),
+        reconstruction=reconstruction, probes=probe_scores,
+    )
 
 
 def explain_kinds(inputs: CellInputs, codes: CodeSet, explain: ExplainSettings, seed: int) -> list[KindData]:
@@ -201,32 +272,25 @@ def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: Cel
         probes = {kind: fit_family_probes(d, seed, evaluate.probe_max_n, metrics_device(evaluate.device)) for kind, d in kinds.items()}
     start = time.perf_counter()
     with timings.part("encode"):
-        codes = {name: encode_model(name, m, inputs, kinds, probes, evaluate, seed, codes_dir, timings) for name, m in (("trained", model), ("untrained", twin))}
-    log.info("%s: codes of %d test, %d matching rows and %d pairs in %.1f s", cell.name, len(test_rows), len(codes["trained"]["match"]),
+        trained = encode_model("trained", model, inputs, kinds, probes, evaluate, seed, codes_dir, timings)
+        untrained = encode_model("untrained", twin, inputs, kinds, probes, evaluate, seed, codes_dir, timings)
+    log.info("%s: codes of %d test, %d matching rows and %d pairs in %.1f s", cell.name, len(test_rows), len(trained.match),
              len(inputs.data.pairs), time.perf_counter() - start)
-    trained, untrained = reconstruction_stats(codes["trained"]["test"]), reconstruction_stats(codes["untrained"]["test"])
     if cell.rotation:
         with timings.part("fvu"):
-            points = fvu_curve({"trained": model, "untrained": twin}, inputs.embeddings, test_rows, evaluate.batch_size, sorted({*evaluate.ks, cell.k}))
+            curve = fvu_curve({"trained": model, "untrained": twin}, inputs.embeddings, test_rows, evaluate.batch_size, sorted({*evaluate.ks, cell.k}))
     else:
-        points = [{"model": name, "k": cell.k, "K": stats["l0"], "fvu": stats["fvu"]} for name, stats in (("trained", trained), ("untrained", untrained))]
-    curve = [{"run": cell.name, "method": cell.method, **point} for point in points]
-
-    def variant(name: str, kind: str) -> VariantCodes:
-        sets = codes[name]
-        return VariantCodes(sets["match"], sets["test"], sets["pairs_before"], sets["pairs_after"], sets["test"].stats["probe"][kind])
-
-    concepts = {kind: concept_metrics(variant("trained", kind), variant("untrained", kind), d, evaluate, seed, timings) for kind, d in kinds.items()}
-    metrics = {
-        "run": cell.name, "method": cell.method, "size": model.n_latents, "k": cell.k, "rotation": cell.rotation,
-        "trained": trained, "untrained": untrained, "n_test": int(len(test_rows)), "best_epoch": best_epoch,
-        "device": device_name(device), "concepts": concepts,
-    }
+        curve = [CurvePoint(name, cell.k, encoded.reconstruction.l0, encoded.reconstruction.fvu) for name, encoded in (("trained", trained), ("untrained", untrained))]
+    concepts = {kind: concept_metrics(trained.variant(kind), untrained.variant(kind), d, evaluate, seed, timings) for kind, d in kinds.items()}
     start = time.perf_counter()
     # the decoder's input mean is the mean training embedding: the captions stage trains it on exactly the training split
     image_mean = inputs.decoder.input_mean.detach().cpu().numpy()
     with timings.part("explain"):
-        explained = explain_run(model.cpu(), cell.k, inputs.decoder, explain_kinds(inputs, codes["trained"]["test"], explain, seed), inputs.concepts,
+        explained = explain_run(model.cpu(), cell.k, inputs.decoder, explain_kinds(inputs, trained.test, explain, seed), inputs.concepts,
                                 image_mean, explain)
     log.info("%s: explanations in %.1f s", cell.name, time.perf_counter() - start)
-    return CellEvaluation(metrics, curve, {"run": cell.name, "method": cell.method, **explained}, timings.record(time.perf_counter() - started))
+    return CellEvaluation(
+        cell=cell, size=model.n_latents, n_test=int(len(test_rows)), best_epoch=best_epoch, device=device_name(device),
+        trained=trained.reconstruction, untrained=untrained.reconstruction, concepts=concepts, curve=tuple(curve), explanations=explained,
+        timings=timings.record(time.perf_counter() - started),
+    )
