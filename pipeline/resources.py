@@ -1,5 +1,7 @@
 """What params.yaml names outside itself, checked without loading it: pretrained weights that are not available
-offline (a cache lookup, no download) and a real dataset whose file table gives splits too small for the evaluation.
+offline (a cache lookup, no download), a real dataset whose file table gives splits too small for the evaluation
+or for a training batch, and training batches beyond a memory budget given as a fraction of this machine's free
+memory (`train.feed_memory`, on the training device the settings name; the stage checks it again where it runs).
 
 `cedar validate` runs it after the schema (`pipeline.config`); it reads directories and caches, so the stages leave
 it to the stage that loads the resource.
@@ -7,7 +9,7 @@ it to the stage that loads the resource.
 
 from __future__ import annotations
 
-from pipeline.config import Params, split_problems
+from pipeline.config import Params, batch_problems, split_problems
 from pipeline.data.options import FileSettings
 from pipeline.data.sources import split_counts
 from pipeline.encoders.options import PretrainedSettings
@@ -24,9 +26,28 @@ def resource_problems(params: Params, source: str = "params.yaml") -> list[str]:
         problem = unavailable_offline(params.encoder)
         if problem:
             problems.append(problem)
+    train_rows = params.train_rows
     if isinstance(params.data, FileSettings) and not params.data.on_hub:  # a hub dataset is counted once fetched, by the data stage
         try:
-            problems += split_problems(split_counts(params.data, params.seed), params)
+            counts = split_counts(params.data, params.seed)
+            problems += split_problems(counts, params)
+            train_rows = sum(train for train, _, _ in counts.values())
         except (OSError, ValueError) as e:  # the loaders' LayoutError is a ValueError
             problems.append(f"data.root: {params.data.root}: {str(e).splitlines()[0]}")
+    problems += [line for line in feed_problems(params, train_rows) if line not in batch_problems(params, params.train_rows)]
     return [f"{source}: {line}" for line in problems]
+
+
+def feed_problems(params: Params, train_rows: int | None) -> list[str]:
+    """`pipeline.config.batch_problems` with the training split's rows counted here and every method's memory
+    budget resolved on this machine (the free memory of the device its `train.device` names)."""
+    from pipeline.training.device import resolve_device
+    from pipeline.training.feed import free_memory
+
+    free = {}
+    for name in sorted({params.train_settings(m).device for m in params.trained_methods()}):
+        try:
+            free[name] = free_memory(resolve_device(name))
+        except (RuntimeError, AssertionError, ValueError):  # a device this machine lacks: the stage checks where it runs
+            continue
+    return batch_problems(params, train_rows, free)
