@@ -49,7 +49,7 @@ from pipeline.records import write_json
 from pipeline.store import open_store
 from pipeline.training.device import device_name, resolve_device
 from pipeline.training.feed import FeedPlan, load_rows, plan_feed, streaming_batches
-from pipeline.training.loop import array_batches
+from pipeline.training.loop import array_batches, preload_optimizer
 from pipeline.training.resume import Checkpoints, load_resume
 from pipeline.training.sparse import train_sparse
 
@@ -133,6 +133,7 @@ def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
 def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
     """Train the cell (or reuse its up-to-date checkpoint); returns the checkpoint directory store/models/<run>."""
     timings = Timings()
+    preload_optimizer()  # overlaps the reading below
     timings.part("open")
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)

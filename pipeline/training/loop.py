@@ -34,7 +34,9 @@ The global torch RNG is left as it was: the loop seeds a forked RNG with `seed` 
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -149,6 +151,15 @@ def use_bf16(module: nn.Module, settings: TrainSettings, device: torch.device) -
                  "not on a GPU" if device.type != "cuda" else "the module is not safe in bfloat16")
         return False
     return True
+
+
+def preload_optimizer() -> threading.Thread:
+    """Start importing, in a background thread, what the first optimiser of a process imports (torch's optimisers
+    import torch._dynamo on first use: 1-4 s here), so that a stage does it while it reads its data. Joined by
+    nothing: the optimiser's own import waits for it if it is still running."""
+    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="preload-optimizer", daemon=True)
+    thread.start()
+    return thread
 
 
 def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -7,9 +7,11 @@ is recognised as not matching. An epoch checkpoint that is damaged, or whose two
 is discarded with a warning and training starts from the beginning: it never blocks a rerun. The best epoch's
 weights are stored only when they differ from the model's (an epoch that is the best so far stores one copy).
 
-`Checkpoints` writes them in a background thread: `save` copies the tensors to the host (the only part the steps
-wait for) and returns; the file is written and hashed while training goes on, one write at a time (a save waits
-for the previous write, so at most one snapshot is pending and a checkpoint is never more than an epoch behind).
+`Checkpoints` writes them in a background thread: `save` takes a snapshot (on a GPU: copies queued into page-locked
+host memory on the training stream, so they see exactly this epoch's tensors and the steps never wait for them;
+on the CPU: copies) and returns; the file is written and hashed while training goes on, one write at a time (a save
+waits for the previous write, so at most one snapshot is pending and a checkpoint is never more than an epoch
+behind).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import copy
 import json
 import logging
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +34,49 @@ from pipeline.training.loop import TrainState
 log = logging.getLogger(__name__)
 
 
-def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, best: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Host copies of everything an epoch checkpoint holds (tensors, and the JSON-able rest), independent of the
-    live model and optimiser."""
-    tensors = {f"model/{k}": _host_copy(v) for k, v in model.state_dict().items()}
+@dataclass
+class Snapshot:
+    """Host copies of everything an epoch checkpoint holds, independent of the live model and optimiser: `tensors`,
+    the JSON-able `meta`, and `ready` (a CUDA event after the copies from a GPU; None when none were made)."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    ready: Any = None
+
+
+def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, best: dict[str, torch.Tensor]) -> Snapshot:
+    """The `Snapshot` of an epoch: GPU tensors are copied into page-locked host memory on the current stream without
+    waiting (`ready` says when they are complete), host tensors are copied at once."""
+    gpu = False
+
+    def host(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal gpu
+        tensor = tensor.detach()
+        if tensor.device.type == "cuda":
+            gpu = True
+            return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
+        return tensor.to("cpu", copy=True).contiguous()
+
+    tensors = {f"model/{k}": host(v) for k, v in model.state_dict().items()}
     best_is_model = state.best_epoch == state.epoch  # the loop copied the model's weights as the best ones this epoch
     if not best_is_model:
-        tensors |= {f"best/{k}": _host_copy(v) for k, v in best.items()}
+        tensors |= {f"best/{k}": host(v) for k, v in best.items()}
     opt = optimizer.state_dict()
     for index, slots in opt["state"].items():
         for name, value in slots.items():
-            tensors[f"opt/{index}/{name}"] = _host_copy(torch.as_tensor(value))
-    return tensors, {"state": asdict(state), "param_groups": copy.deepcopy(opt["param_groups"]), "best_is_model": best_is_model}
+            tensors[f"opt/{index}/{name}"] = host(torch.as_tensor(value))
+    ready = None
+    if gpu:
+        ready = torch.cuda.Event()
+        ready.record()
+    return Snapshot(tensors, {"state": asdict(state), "param_groups": copy.deepcopy(opt["param_groups"]), "best_is_model": best_is_model}, ready)
 
 
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.detach()
-    return tensor.to("cpu", copy=True).contiguous() if tensor.device.type == "cpu" else tensor.cpu().contiguous()
-
-
-def write_snapshot(directory: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any], fingerprint: str) -> None:
-    """Write a `snapshot` as the epoch checkpoint of a run whose inputs have `fingerprint`."""
+def write_snapshot(directory: Path, snap: Snapshot, fingerprint: str) -> None:
+    """Write a `snapshot` (once its copies are complete) as the epoch checkpoint of a run whose inputs have `fingerprint`."""
+    if snap.ready is not None:
+        snap.ready.synchronize()
+    tensors, meta = {k: v.contiguous() for k, v in snap.tensors.items()}, snap.meta
     directory.mkdir(parents=True, exist_ok=True)
     # each epoch's weights get their own file, named in resume.json, which is replaced last: a kill at any point
     # leaves a resume.json whose weight file and digest belong together (the previous epoch's, or this one's)
@@ -67,7 +91,7 @@ def write_snapshot(directory: Path, tensors: dict[str, torch.Tensor], meta: dict
 def save_resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, best: dict[str, torch.Tensor],
                 fingerprint: str = "") -> None:
     """Write the epoch checkpoint of a run whose inputs have `fingerprint` (a resumed run must have the same)."""
-    write_snapshot(directory, *snapshot(model, optimizer, state, best), fingerprint)
+    write_snapshot(directory, snapshot(model, optimizer, state, best), fingerprint)
 
 
 class Checkpoints:
@@ -82,11 +106,11 @@ class Checkpoints:
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, best: dict[str, torch.Tensor]) -> None:
         self.close()
-        tensors, meta = snapshot(model, optimizer, state, best)
+        snap = snapshot(model, optimizer, state, best)
 
         def write() -> None:
             try:
-                write_snapshot(self.directory, tensors, meta, self.fingerprint)
+                write_snapshot(self.directory, snap, self.fingerprint)
             except BaseException as error:  # raised in the training thread at the next save or close
                 self.error = error
 
