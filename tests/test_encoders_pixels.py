@@ -124,9 +124,8 @@ def test_open_clip_preprocessing_on_the_device_equals_open_clips_own(kind, devic
 
 @pytest.mark.parametrize("kind", ["random", "rendered"])
 def test_open_clip_embeddings_from_device_preprocessing_match_the_per_image_path(kind, tmp_path):
-    from tests.test_encoders_real import OPEN_CLIP_CONFIG
-
     from pipeline.encoders.openclip import OpenClipEncoder
+    from tests.test_encoders_real import OPEN_CLIP_CONFIG
 
     config = tmp_path / "pixels-tiny-vit.json"
     config.write_text(__import__("json").dumps(OPEN_CLIP_CONFIG))
