@@ -1,7 +1,7 @@
 """What params.yaml names outside itself, checked without loading it: pretrained weights that are not available
 offline (a cache lookup, no download), a real dataset whose file table gives splits too small for the evaluation
 or for a training batch, and training batches beyond a memory budget given as a fraction of this machine's free
-memory (`train.feed_memory`, on the training device the settings name; the stage checks it again where it runs).
+RAM (`train.feed_memory` with `train.device: cpu`; a GPU's memory is checked by the stage where it runs).
 
 `cedar validate` runs it after the schema (`pipeline.config`); it reads directories and caches, so the stages leave
 it to the stage that loads the resource.
@@ -39,15 +39,16 @@ def resource_problems(params: Params, source: str = "params.yaml") -> list[str]:
 
 
 def feed_problems(params: Params, train_rows: int | None) -> list[str]:
-    """`pipeline.config.batch_problems` with the training split's rows counted here and every method's memory
-    budget resolved on this machine (the free memory of the device its `train.device` names)."""
-    from pipeline.training.device import resolve_device
-    from pipeline.training.feed import free_memory
+    """`pipeline.config.batch_problems` with the training split's rows counted here and, for methods trained on the
+    CPU (`train.device: cpu`), a `train.feed_memory` fraction resolved against this machine's available RAM. GPU
+    memory is not looked at here (that would start torch and the device): the stage checks it where it runs, before
+    reading any row (`pipeline.training.feed.plan_feed`)."""
+    on_cpu = any(params.train_settings(m).device == "cpu" for m in params.trained_methods())
+    return batch_problems(params, train_rows, {"cpu": host_memory()} if on_cpu else None)
 
-    free = {}
-    for name in sorted({params.train_settings(m).device for m in params.trained_methods()}):
-        try:
-            free[name] = free_memory(resolve_device(name))
-        except (RuntimeError, AssertionError, ValueError):  # a device this machine lacks: the stage checks where it runs
-            continue
-    return batch_problems(params, train_rows, free)
+
+def host_memory() -> int:
+    """Bytes of RAM available on this machine (what the CPU's `free_memory` is in `pipeline.training.feed`)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)

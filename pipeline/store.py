@@ -353,8 +353,9 @@ class Store:
         """A BatchSource (epoch -> batches) with a shuffle buffer over chunks: chunk order is permuted,
         `buffer_chunks` chunks are loaded together and their rows permuted (with the rows left over from the
         previous buffer; the last batch of an epoch may be short). The order depends only on (seed, epoch,
-        buffer_chunks, the chunking). Chunks are read by `threads` threads (None: the cores), one buffer ahead, so
-        memory holds about three buffers."""
+        buffer_chunks, the chunking). Chunks are read by `threads` threads (None: the cores), one buffer ahead.
+        Memory: two buffers allocated once per epoch (rows gathered, rows permuted), the chunks read ahead, and the
+        batches, each its own array, so none keeps a buffer alive and nothing large is allocated per buffer."""
         mask = _mask(rows, len(self))
         n_chunks = -(-len(self) // self.chunk_rows)
 
@@ -362,21 +363,31 @@ class Store:
             rng = np.random.default_rng([seed, epoch])
             order = rng.permutation(n_chunks)
             spans = [(int(c) * self.chunk_rows, min((int(c) + 1) * self.chunk_rows, len(self))) for c in order]
-            reads = self.read_ranges(spans, threads, ahead=buffer_chunks,
-                                     apply=None if mask is None else lambda lo, data: data[mask[lo : lo + len(data)]])
-            carry = np.empty((0, *self.shape[1:]), dtype=self.dtype)
+            reads = self.read_ranges(spans, threads, ahead=buffer_chunks)
+            gathered = np.empty((buffer_chunks * self.chunk_rows + batch_size, *self.shape[1:]), dtype=self.dtype)
+            shuffled = np.empty_like(gathered)
+            carry = 0  # rows left over from the previous buffer, at the start of `gathered`
             try:
                 for group_start in range(0, n_chunks, buffer_chunks):
-                    parts = [carry] + [next(reads) for _ in order[group_start : group_start + buffer_chunks]]
-                    pool = np.concatenate(parts)
-                    del parts
-                    pool = pool[rng.permutation(len(pool))]
-                    n_full = (len(pool) // batch_size) * batch_size
+                    filled = carry
+                    for lo, _ in spans[group_start : group_start + buffer_chunks]:
+                        data = next(reads)
+                        if mask is None:
+                            gathered[filled : filled + len(data)] = data
+                            filled += len(data)
+                        else:
+                            keep = mask[lo : lo + len(data)]
+                            count = int(keep.sum())
+                            np.compress(keep, data, axis=0, out=gathered[filled : filled + count])
+                            filled += count
+                    np.take(gathered[:filled], rng.permutation(filled), axis=0, out=shuffled[:filled])
+                    n_full = (filled // batch_size) * batch_size
                     for start in range(0, n_full, batch_size):
-                        yield pool[start : start + batch_size]
-                    carry = pool[n_full:]
-                if len(carry):
-                    yield carry
+                        yield shuffled[start : start + batch_size].copy()
+                    carry = filled - n_full
+                    gathered[:carry] = shuffled[n_full:filled]
+                if carry:
+                    yield gathered[:carry].copy()
             finally:
                 reads.close()
 

@@ -20,6 +20,7 @@ from pipeline.training.loop import array_batches
 from pipeline.training.options import BATCHES_IN_FLIGHT, TrainSettings
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
 
@@ -28,6 +29,10 @@ def rows_store(tmp_path: Path, n: int = 1000, d: int = 4, chunk_rows: int = 64) 
     x = np.random.default_rng(0).normal(size=(n, d)).astype(np.float32)
     x[:, 0] = np.arange(n)
     return write_array(tmp_path / "x.zarr", x, fingerprint={"test": 1}, chunk_rows=chunk_rows), x
+
+
+def preset(name: str) -> dict:
+    return yaml.safe_load((ROOT / "pipeline" / "presets" / f"{name}.yaml").read_text())
 
 
 # --- the plan ------------------------------------------------------------------------------------------------------
@@ -61,9 +66,8 @@ def test_the_plan_refuses_what_the_data_or_the_budget_cannot_hold_naming_the_set
 
 def test_validate_refuses_batches_the_data_or_a_sized_budget_cannot_hold():
     from pipeline.config import ParamsError, load_params
-    from stages.cli import preset_text
 
-    raw = yaml.safe_load(preset_text("synthetic-tiny"))  # 600 rows, 360 of them training rows, d = 16
+    raw = preset("synthetic-tiny")  # 600 rows, 360 of them training rows, d = 16
     with pytest.raises(ValueError, match=r"train.batch_size: 400 rows per step, but the training split has only 360 rows .*\(training cedar, topk\)"):
         validate_params({**raw, "train": {**raw["train"], "batch_size": 400}})
     with pytest.raises(ValueError, match=r"methods.topk.train.batch_size: 6 batches in flight of 64 rows of d = 16 float32 values need 24.0 KiB, "
@@ -77,12 +81,11 @@ def test_validate_refuses_batches_the_data_or_a_sized_budget_cannot_hold():
 
 def test_validate_checks_a_fraction_of_free_memory_on_this_machine(monkeypatch):
     from pipeline import resources
-    from stages.cli import preset_text
 
-    raw = yaml.safe_load(preset_text("synthetic-tiny"))
+    raw = preset("synthetic-tiny")
     params = validate_params({**raw, "train": {**raw["train"], "device": "cpu", "feed_memory": 0.5}})
     assert resources.resource_problems(params) == []
-    monkeypatch.setattr("pipeline.training.feed.free_memory", lambda device: 10_000)  # 5,000 bytes < 6 x 64 x 16 x 4
+    monkeypatch.setattr("pipeline.resources.host_memory", lambda: 10_000)  # 5,000 bytes < 6 x 64 x 16 x 4
     (problem,) = resources.resource_problems(params)
     assert problem.startswith("params.yaml: train.batch_size: 6 batches in flight of 64 rows of d = 16") and "(4.9 KiB)" in problem
 

@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 #: batches the streaming reader keeps ready ahead of the steps (plus two in use: `BATCHES_IN_FLIGHT` in all)
 QUEUED_BATCHES = BATCHES_IN_FLIGHT - 2
-#: chunks read per task of the thread pool (about 8 MiB at the stores' 2 MiB chunks)
-CHUNKS_PER_READ = 4
+#: chunks read per task of the thread pool (about 4 MiB at the stores' 2 MiB chunks)
+CHUNKS_PER_READ = 2
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,10 @@ def free_memory(device: torch.device) -> int:
 
 
 def streaming_bytes(window_rows: int, batch_size: int, row_bytes: int) -> int:
-    """Peak bytes of the streaming reader: the window the batches are drawn from, the next one being read and
-    assembled (its chunks, their concatenation and its permutation: three windows at most at once), and the queued
-    batches plus the two in use."""
-    return (4 * window_rows + BATCHES_IN_FLIGHT * batch_size) * row_bytes
+    """Peak bytes of the streaming reader (`Store.shuffled_batches` in a background thread): its two window buffers
+    (rows gathered, rows permuted, each with room for a batch's leftover), the chunks of the next window read ahead,
+    and the batches in flight (queued, and the two in use)."""
+    return (3 * window_rows + (BATCHES_IN_FLIGHT + 2) * batch_size) * row_bytes
 
 
 def plan_feed(settings: TrainSettings, n_rows: int, row_bytes: int, chunk_rows: int, device: torch.device, free: int | None = None) -> FeedPlan:
