@@ -292,14 +292,14 @@ def test_auto_streams_when_the_split_exceeds_the_budget_and_a_fixed_basis_reads_
     cell = p.cells()[-1]
     train_cell(p, layout, cell)
     assert json.loads(layout.model_timings(cell.name).read_text())["feed"] == "resident"
-    p, layout = project(stage_root, feed="auto", feed_memory="10MiB", shuffle_rows=5000)  # it does not; streaming: 8.8 MiB
+    p, layout = project(stage_root, feed="auto", feed_memory="10MiB", shuffle_rows=5000)  # it does not; streaming: 7 MiB
     with caplog.at_level("INFO", logger="pipeline.training.cell_training"):
         train_cell(p, layout, cell)
     assert json.loads(layout.model_timings(cell.name).read_text())["feed"] == "streaming"
-    assert "topk-32-4: streaming (the training split (12 MiB) exceeds 10MiB): windows of 1 chunks, at most 9 MiB" in caplog.text
-    p, layout = project(stage_root, feed="auto", feed_memory="8MiB", shuffle_rows=5000)  # a window is a chunk at least
-    with pytest.raises(ValueError, match="train.shuffle_rows: streaming windows of 8192 rows and batches of 512 need 9 MiB, more than "
-                                         "train.feed_memory = 8MiB"):
+    assert "topk-32-4: streaming (the training split (12 MiB) exceeds 10MiB): windows of 1 chunks, at most 7 MiB" in caplog.text
+    p, layout = project(stage_root, feed="auto", feed_memory="6MiB", shuffle_rows=5000)  # a window is a chunk at least
+    with pytest.raises(ValueError, match="train.shuffle_rows: streaming windows of 8192 rows and batches of 512 need 7 MiB, more than "
+                                         "train.feed_memory = 6MiB"):
         train_cell(p, layout, cell)
     pca = validate_params({**yaml.safe_load((stage_root / "params.yaml").read_text()),
                            "sweep": {"rotation": {"methods": ["pca"], "ks": [4]}, "sae": {"methods": ["topk"], "dict_sizes": [32], "ks": [4]}},

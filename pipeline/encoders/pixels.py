@@ -197,12 +197,13 @@ def pil_transform_of(transform: Any) -> PilTransform | None:
             interpolation = names[step.interpolation]
         elif type(step) is T.CenterCrop and not to_tensor and crop is None:
             crop = (int(step.size[0]), int(step.size[1]))
-        elif type(step) is T.ToTensor and not to_tensor:
+        elif isinstance(step, T.ToTensor) and not to_tensor:  # open_clip's MaybeToTensor is one
             to_tensor = True
         elif type(step) is T.Normalize and to_tensor and normalize is None:
             normalize = (tuple(float(v) for v in step.mean), tuple(float(v) for v in step.std))
-        elif getattr(step, "__name__", "") == "_convert_to_rgb" and not to_tensor:
-            continue  # open_clip's PIL mode conversion: the batches are RGB already
+        elif not to_tensor and (getattr(step, "__name__", "") == "_convert_to_rgb" or
+                                (type(step).__name__ == "MaybeConvertMode" and getattr(step, "mode", None) == "RGB")):
+            continue  # open_clip's conversion of a PIL image to RGB: the batches are RGB already
         else:
             return None
     if not to_tensor:
