@@ -20,7 +20,9 @@ read in parallel).
 Codec: float rows (embeddings, codes' values) are stored uncompressed: they barely compress (zstd saved 15% on
 embeddings) and decompressing them cost 20 times more than reading them (150 k rows/s of d = 768 on one core,
 the training stage's bottleneck); integer and boolean rows (images, labels) are zstd-compressed. Either way every
-chunk carries its checksum.
+chunk carries its checksum. A read of whole uncompressed chunks goes straight from the chunk files into the
+result (`_read_plain`: each file read into its rows, its CRC-32C checked with the library zarr's codec uses), 2-2.5x
+faster than zarr's own path, which copies every chunk twice more; any other read goes through zarr.
 
 Integrity: every chunk ends with a CRC-32C checksum (zarr's `crc32c` codec) and every chunk is written, even one
 that equals the fill value, so a finished store has all its chunk files. Opening a store checks that they are
@@ -36,15 +38,17 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
 from pipeline.atomic import replace_dir
@@ -285,7 +289,38 @@ class Store:
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) as a numpy array (the chunks' checksums are checked)."""
         lo, hi, _ = slice(start, stop).indices(len(self))
-        return self._checked(lambda: self.array[start:stop], range(lo // self.chunk_rows, -(-hi // self.chunk_rows)))
+        plain = self._plain and lo % self.chunk_rows == 0 and (hi % self.chunk_rows == 0 or hi == len(self)) and hi > lo
+        return self._checked(lambda: self._read_plain(lo, hi) if plain else self.array[start:stop],
+                             range(lo // self.chunk_rows, -(-hi // self.chunk_rows)))
+
+    @property
+    def _plain(self) -> bool:
+        """Whether each chunk file is the chunk's rows as little-endian bytes followed by their CRC-32C (uncompressed
+        stores on a little-endian machine), whole rows per chunk."""
+        codecs = self.array.metadata.codecs
+        return (sys.byteorder == "little" and len(codecs) == 2 and isinstance(codecs[0], BytesCodec) and isinstance(codecs[1], Crc32cCodec)
+                and (codecs[0].endian is None or codecs[0].endian.value == "little") and tuple(self.array.chunks[1:]) == self.shape[1:])
+
+    def _read_plain(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) (chunk-aligned; `stop` may be the store's end) of a `_plain` store, each chunk file read
+        into its rows of the result and its checksum checked; ValueError for a missing, short or damaged file (the
+        caller names the chunk)."""
+        out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
+        flat = out.reshape(len(out), -1).view(np.uint8)
+        chunk_bytes = self.chunk_rows * flat.shape[1]
+        for index in range(start // self.chunk_rows, -(-stop // self.chunk_rows)):
+            first = index * self.chunk_rows - start
+            rows = flat[first : first + self.chunk_rows]
+            whole = len(rows) == self.chunk_rows  # the last chunk of the store is stored padded to a whole chunk
+            target = rows.reshape(-1) if whole else np.empty(chunk_bytes, np.uint8)
+            with open(self.path / _chunk_key(self.array, index), "rb", buffering=0) as f:
+                if f.readinto(target) != chunk_bytes or len(checksum := f.read(5)) != 4:
+                    raise ValueError("chunk file of the wrong size")
+            if google_crc32c.value(target) != int.from_bytes(checksum, "little"):
+                raise ValueError("checksum mismatch")
+            if not whole:
+                rows[:] = target[: rows.size].reshape(rows.shape)
+        return out
 
     def read_ranges(self, ranges: Iterable[tuple[int, int]], threads: int | None = None, ahead: int | None = None,
                     apply: Callable[[int, np.ndarray], Any] | None = None) -> Iterator[Any]:

@@ -35,22 +35,30 @@ from pipeline.training.options import TrainSettings
 log = logging.getLogger(__name__)
 
 @torch.no_grad()
-def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
+def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096, centred: float | None = None) -> dict[str, float]:
     """FVU (float64, dataset level), mean L0 and dead fraction of `model` at its own k on x_val (n_val, d). The sums
-    stay on x_val's device and are read back once."""
+    stay on x_val's device and are read back once; squares are summed in float64 without a float64 copy of the
+    rows (`vector_norm`'s own accumulation). centred: x_val's total squared deviation from its mean
+    (`centred_sum_of_squares`), computed here when not given (a loop validating every epoch passes it once)."""
     sse = torch.zeros((), dtype=torch.float64, device=x_val.device)
     l0 = torch.zeros((), dtype=torch.float64, device=x_val.device)
     ever_active = torch.zeros(model.n_latents, dtype=torch.bool, device=x_val.device)
     for start in range(0, len(x_val), batch_size):
         xb = x_val[start : start + batch_size]
         codes = model.encode(xb)
-        sse += ((model.decode(codes) - xb).double() ** 2).sum()
+        sse += torch.linalg.vector_norm(model.decode(codes) - xb, dtype=torch.float64) ** 2
         active = codes != 0
         l0 += active.sum()
         ever_active |= active.any(0)
-    centred = ((x_val.double() - x_val.double().mean(0)) ** 2).sum()
-    sse_, l0_, centred_, dead = torch.stack([sse, l0, centred, (~ever_active).double().mean()]).tolist()
-    return {"val_fvu": sse_ / max(centred_, 1e-30), "val_l0": l0_ / len(x_val), "val_dead_fraction": dead}
+    centred = centred_sum_of_squares(x_val) if centred is None else centred
+    sse_, l0_, dead = torch.stack([sse, l0, (~ever_active).double().mean()]).tolist()
+    return {"val_fvu": sse_ / max(centred, 1e-30), "val_l0": l0_ / len(x_val), "val_dead_fraction": dead}
+
+
+@torch.no_grad()
+def centred_sum_of_squares(x: torch.Tensor) -> float:
+    """sum over rows and columns of (x - column mean)^2, in float64: the denominator of the dataset-level FVU."""
+    return float(torch.linalg.vector_norm(x - x.mean(0, dtype=torch.float64), dtype=torch.float64) ** 2)
 
 
 def train_sparse(
@@ -80,7 +88,8 @@ def train_sparse(
         record = {"epoch": 0, **validate(model, x_val_t)}
         log.info("%s: no training needed (val FVU %.4f)", model.method, record["val_fvu"])
         return TrainResult(model, [record], 0, False, {"init": init_seconds, "validation": time.perf_counter() - clock})
-    validation = Validation(run=lambda: validate(model, x_val_t), monitor="val_fvu",
+    centred = centred_sum_of_squares(x_val_t)
+    validation = Validation(run=lambda: validate(model, x_val_t, centred=centred), monitor="val_fvu",
                             accept=lambda record: model.acceptable(record["val_l0"]), patience_from=model.curriculum_end)
     result = fit(model, batches, steps_per_epoch, settings, seed, validation, save_state, load_state, name=model.method)
     if result.best_epoch < 0:
