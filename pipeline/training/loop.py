@@ -329,11 +329,16 @@ class FiniteCheck:
 
 def array_batches(x: np.ndarray | Tensor, batch_size: int, seed: int) -> BatchSource:
     """Shuffled mini-batches of in-memory rows x (n, ...), a numpy array or a tensor on any device: each epoch is a
-    full permutation drawn by numpy's generator seeded by (seed, epoch), so every device gets the same batches; a
-    tensor's batches are index gathers on its device (the epoch's permutation is copied there once)."""
+    full permutation drawn by numpy's generator seeded by (seed, epoch), cut into batches of `batch_size` (the last
+    one shorter), each batch's rows taken in ascending row order (the same set of rows, read in storage order: a
+    gather about twice as fast on the CPU). Every device gets the same batches; a tensor's batches are index gathers
+    on its device (the epoch's indices are copied there once)."""
 
     def batches(epoch: int) -> Iterator[Any]:
         order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        n_full = len(order) // batch_size * batch_size
+        order[:n_full] = np.sort(order[:n_full].reshape(-1, batch_size), axis=1).reshape(-1)
+        order[n_full:] = np.sort(order[n_full:])
         if isinstance(x, Tensor):
             index = torch.from_numpy(order)
             index = index.pin_memory().to(x.device, non_blocking=True) if x.device.type == "cuda" else index.to(x.device)

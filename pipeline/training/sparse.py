@@ -56,9 +56,14 @@ def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096, ce
 
 
 @torch.no_grad()
-def centred_sum_of_squares(x: torch.Tensor) -> float:
-    """sum over rows and columns of (x - column mean)^2, in float64: the denominator of the dataset-level FVU."""
-    return float(torch.linalg.vector_norm(x - x.mean(0, dtype=torch.float64), dtype=torch.float64) ** 2)
+def centred_sum_of_squares(x: torch.Tensor, batch_size: int = 4096) -> float:
+    """sum over rows and columns of (x - column mean)^2, in float64 (block by block, without a float64 copy of x):
+    the denominator of the dataset-level FVU."""
+    mean = x.mean(0, dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, len(x), batch_size):
+        total += torch.linalg.vector_norm(x[start : start + batch_size] - mean, dtype=torch.float64) ** 2
+    return float(total)
 
 
 def train_sparse(
