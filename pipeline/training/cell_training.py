@@ -133,7 +133,6 @@ def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
 def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
     """Train the cell (or reuse its up-to-date checkpoint); returns the checkpoint directory store/models/<run>."""
     timings = Timings()
-    preload_optimizer()  # overlaps the reading below
     timings.part("open")
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
@@ -158,6 +157,7 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
         log.info("%s: reusing %s (trained from the same inputs, fingerprint %s)", cell.name, out, fingerprint)
         return out
     log.info("%s: %s", cell.name, feed.why)
+    preload_optimizer()  # overlaps the reading below
     timings.part("read")
     init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
     if feed.mode == "resident":

@@ -7,12 +7,13 @@ before any row is read, how (`TrainSettings.feed`, `feed_memory`, `shuffle_rows`
   initialisation samples in one pass over the store (chunks read in parallel by a thread pool; on a GPU through
   page-locked buffers with non-blocking copies) into tensors on the training device. Each epoch is a seeded full
   permutation of the training rows (numpy's generator seeded by (seed, epoch), drawn on the host once per epoch and
-  copied to the device as one index tensor); a batch is an index gather on the device (`pipeline.training.loop.
-  array_batches`), so a step makes no host round trip and every device sees the same batches.
+  copied to the device as one index tensor, each batch's rows then taken in ascending row order); a batch is an index
+  gather on the device (`pipeline.training.loop.array_batches`), so a step makes no host round trip and every device
+  sees the same batches.
 - **streaming** (it does not fit): the validation and initialisation samples are read as above; the training rows
   stream from the store (`Store.shuffled_batches`: chunk order permuted per epoch, rows permuted within windows of
-  `shuffle_rows` rows, chunks read by a thread pool one window ahead) in a background thread that keeps
-  `QUEUED_BATCHES` batches ready (page-locked on a GPU). The shuffle is weaker than resident's (rows meet only rows
+  `shuffle_rows` rows, whole chunks, chunks read by a thread pool one window ahead) in a background thread that
+  keeps `QUEUED_BATCHES` batches ready (page-locked on a GPU). The shuffle is weaker than resident's (rows meet only rows
   of their window) and the order differs from resident's; it depends only on (seed, epoch, shuffle_rows, the
   store's chunking), so every device sees the same batches. Memory stays within `streaming_bytes`, which the plan
   requires to fit the budget.
@@ -49,9 +50,9 @@ CHUNKS_PER_READ = 2
 @dataclass(frozen=True)
 class FeedPlan:
     """How a stage feeds its training split: `mode` ("resident", "streaming", or "none" for a model that makes no
-    optimiser steps), the memory `budget` (bytes) and the
-    bytes the data needs (`needed`: the split when resident, `streaming_bytes` when streaming), the streaming
-    shuffle window `window_chunks` (chunks; 0 when resident) and `why`, one line for the log."""
+    optimiser steps), the memory `budget` (bytes) and the bytes the data needs (`needed`: the split when resident,
+    `streaming_bytes` when streaming), the streaming shuffle window `window_chunks` (chunks; 0 when resident) and
+    `why`, one line for the log."""
 
     mode: str
     budget: int
@@ -130,12 +131,13 @@ def load_rows(store: Store, parts: dict[str, np.ndarray], device: torch.device, 
     def scatter(start: int, block: np.ndarray) -> None:
         for name, rows in parts.items():
             lo, hi = np.searchsorted(rows, [start, start + len(block)])
-            if hi > lo:
-                picked = block[rows[lo:hi] - start]
-                if host:
-                    views[name][lo:hi] = picked
-                else:
-                    out[name][lo:hi].copy_(torch.from_numpy(picked.astype(np.float32, copy=False)).pin_memory(), non_blocking=True)
+            if hi > lo and host and block.dtype == np.float32:
+                np.take(block, rows[lo:hi] - start, axis=0, out=views[name][lo:hi])
+            elif hi > lo and host:
+                views[name][lo:hi] = block[rows[lo:hi] - start]
+            elif hi > lo:
+                picked = torch.from_numpy(np.ascontiguousarray(block[rows[lo:hi] - start], dtype=np.float32))
+                out[name][lo:hi].copy_(picked.pin_memory(), non_blocking=True)
 
     for _ in store.read_ranges(ranges, threads, apply=scatter):
         pass
@@ -181,6 +183,10 @@ def in_background(batches: Iterator[np.ndarray], device: torch.device, depth: in
             ready.put(done)
         except BaseException as error:  # handed to the caller
             ready.put(error)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # the reader's own threads, when the caller stopped early
 
     thread = threading.Thread(target=produce, name="train-feed", daemon=True)
     thread.start()
