@@ -157,4 +157,6 @@ def test_transformers_preprocessing_on_the_device_is_the_processors_own(kind, tm
             expected = torch.stack([per_image(Image.fromarray(im)) for im in images])
             for device in DEVICES:
                 (got,) = device_batches(images, 8, torch.device(device), on_device)
-                torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=1e-2 if device != "cpu" else 1e-6)
+                # on a GPU the library's own resize may round a tie to the other uint8 level: one level at most
+                level = 1 / 255 / min(processor.image_std) + 1e-6
+                torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=1e-6 if device == "cpu" else level)
