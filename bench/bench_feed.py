@@ -1,7 +1,8 @@
 """Benchmark: the training stage of one cell against its warm bare loop, side by side in one process.
 
-    OMP_NUM_THREADS=2 python bench/bench_feed.py [--n 200000] [--d 768] [--dict 64] [--k 32] [--steps 100]
-                                                 [--batch 4096] [--repeats 3] [--feed auto] [--device cpu] [--workdir DIR]
+    OMP_NUM_THREADS=1 python bench/bench_feed.py [--n 200000] [--d 768] [--dict 64] [--k 32] [--steps 100]
+                                                 [--batch 4096] [--repeats 3] [--feed auto] [--device cpu] [--threads 1]
+                                                 [--workdir DIR]
 
 The CPU proxy of the GPU goal (the defaults): a TopK SAE of 64 latents at d = 768 makes a step on two cores about
 as cheap, next to the data it reads, as a real step (16,384 latents) is on a GPU, so the stage's own costs (reading
@@ -17,8 +18,10 @@ folder again); then, --repeats times, side by side:
 
 Prints one JSON line per repeat (stage and bare seconds, ratio = bare / stage, the feed mode the stage chose and the
 stage's own breakdown from store/models/<run>.timings.json when the code under test writes one) and a summary line
-with the range of the ratio to stderr. Goal (issue 21): ratio >= 0.8 on 2 CPU cores. Threads: what torch gets from
-the environment (OMP_NUM_THREADS=2 for "2 cores").
+with the range of the ratio to stderr. Goal (issue 21): ratio >= 0.8 on 2 CPU cores. Threads: --threads torch threads
+for both sides (`torch.set_num_threads`; default 1, the pipeline's own default, and on a shared, loaded machine the
+only setting that does not measure threads spinning for cores; set OMP_NUM_THREADS to the same number). The store's
+reader uses its own thread pool (one thread per core) either way.
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="side-by-side measurements")
     parser.add_argument("--feed", default="auto", choices=["auto", "resident", "streaming"], help="train.feed")
     parser.add_argument("--device", default="cpu", help="train.device")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the stage and the bare loop")
     parser.add_argument("--workdir", type=Path, default=None, help="the project folder (kept; reused when its params match)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     import logging
 
     logging.basicConfig(level=logging.WARNING)
@@ -110,7 +115,7 @@ def main() -> None:
         model.fit_init(x[:4096])
         bare = bare_steps(model, x, args.steps, args.batch, bf16=False, device=device)  # after its own 10 warm-up steps
         ratios.append(bare / stage)
-        record: dict[str, Any] = {"repeat": repeat, "device": device_name(device), "stage_s": round(stage, 3), "bare_s": round(bare, 3),
+        record: dict[str, Any] = {"repeat": repeat, "device": device_name(device), "threads": torch.get_num_threads(), "stage_s": round(stage, 3), "bare_s": round(bare, 3),
                                   "ratio": round(bare / stage, 3), "rows": args.steps * args.batch}
         timings = layout.model_timings(cell.name) if hasattr(layout, "model_timings") else None
         if timings is not None and timings.exists():
