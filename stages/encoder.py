@@ -33,7 +33,7 @@ from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.store import open_store
 from pipeline.training.device import device_name
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 

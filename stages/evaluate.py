@@ -1,9 +1,12 @@
 """Evaluation of one grid cell (run by `stages.cell`): reads the trained run and its inputs, writes its records.
 
-The work is `pipeline.scoring.cell.evaluate_cell` (the trained run against its untrained twin and random codes:
+The work is `pipeline.scoring.cell_evaluation.evaluate_cell` (the trained run against its untrained twin and random codes:
 reconstruction, the FVU-vs-K curve, concept metrics, explanations). Outputs store/eval/<run>/metrics.json (DVC
 metrics), fvu_curve.json (DVC plots) and explain.json, written to a sibling folder and renamed into place; the sparse
-codes of the evaluation rows go to store/models/<run>.codes/ (reused by a later evaluation of the same model).
+codes of the evaluation rows go to store/models/<run>.codes/ (reused by a later evaluation of the same model). The
+seconds of each part of the evaluation go to store/timings/<run>.json (a DVC metric of its own: wall-clock numbers
+differ between runs, so they stay out of the outputs that must be byte for byte reproducible and that the report
+reads).
 Memory is bounded by the batch and subset sizes of `evaluate` and `explain`, not by the number of embeddings
 (docs/architecture.md, "Memory at scale").
 Reads params: seed, train (the twin's init sample), methods.<method>, evaluate, explain.
@@ -19,12 +22,12 @@ from pipeline.atomic import atomic_dir
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset
 from pipeline.explain.decoder import load_decoder
-from pipeline.explain.run import Concepts
+from pipeline.explain.explanations import Concepts
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.scoring.cell import CellInputs, evaluate_cell, untrained_twin
+from pipeline.scoring.cell_evaluation import CellInputs, evaluate_cell, untrained_twin
 from pipeline.store import open_store
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
         write_json(tmp / layout.run_metrics(cell.name).name, result.metrics)
         write_json(tmp / layout.run_curve(cell.name).name, result.curve)
         write_json(tmp / layout.run_explanations(cell.name).name, result.explanations)
+    write_json(layout.run_timings(cell.name), result.timings)
     metrics, trained = result.metrics, result.metrics["trained"]
     log.info("%s: FVU %.4f at L0 %.1f (untrained %.4f) on %s", cell.name, trained["fvu"], trained["l0"], metrics["untrained"]["fvu"], metrics["device"])
     for kind, c in metrics["concepts"].items():

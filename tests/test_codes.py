@@ -11,7 +11,7 @@ from pipeline.metrics.reconstruction import ReconstructionAccumulator
 from pipeline.models.base import half_axes, tensor_csr
 from pipeline.models.registry import build
 from pipeline.scoring.codes import ArrayCodes, CodesWriter, open_codes
-from pipeline.scoring.reconstruction import encode_rows
+from pipeline.scoring.encoding_pass import encode_rows
 from pipeline.store import StoreError, write_array
 
 
@@ -82,7 +82,7 @@ def test_one_pass_gives_the_accumulators_numbers_and_the_codes(tmp_path):
 
 
 def test_a_code_set_is_reused_only_while_its_fingerprint_holds(tmp_path, caplog):
-    from pipeline.scoring.cell import encoded
+    from pipeline.scoring.cell_evaluation import encoded
 
     x = np.random.default_rng(3).normal(size=(80, 4)).astype(np.float32)
     store = write_array(tmp_path / "x.zarr", x, fingerprint={"x": 1})

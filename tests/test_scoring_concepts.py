@@ -71,7 +71,7 @@ def toy(n: int = 600, seed: int = 0) -> tuple[ConceptData, np.ndarray, np.ndarra
     return data, x, np.stack([before, after])
 
 
-def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes: dict) -> VariantCodes:
+def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes) -> VariantCodes:
     """The codes of `model` held in memory, and its probe scores streamed over the test rows in 3 blocks."""
     every = ArrayCodes(np.arange(len(x)), model.sparse_latents(x))
     stream = ProbeStream(probes, data)
@@ -125,7 +125,7 @@ def test_held_out_scores_streamed_in_blocks_equal_one_pass():
     data, x, pairs = toy(n=500, seed=2)
     model = build("pca", 4, 4, 2)
     model.fit_init(torch.as_tensor(x[data.match_rows]))
-    codes = variant(model, data, x, pairs, {})
+    codes = variant(model, data, x, pairs, None)
     settings = EvaluateSettings(batch_size=17)  # many blocks, the last one short
     scores, _ = matching_scores(codes, data, settings)
     active_match = binarise(codes.match.codes(data.match_rows))
@@ -148,19 +148,19 @@ def test_probe_stream_equals_the_probe_on_all_test_rows_at_once():
     probes = fit_family_probes(data, seed=0, max_n=20_000)
     streamed = variant(model, data, x, pairs, probes).probe
     rows = data.test_rows
-    once = probe_scores(probes["f"], x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
+    (once,) = probe_scores(probes, x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
     for field in ProbeStream.FIELDS:
         assert streamed[field] == pytest.approx(getattr(once, field), rel=1e-12, abs=1e-12)
 
 
 def test_the_probes_are_fitted_on_a_seeded_subsample_of_at_most_probe_max_n_matching_rows():
     from pipeline.data.dataset import sample_rows
-    from pipeline.metrics.probe import fit_probe
+    from pipeline.metrics.probe import fit_probes
 
     data, x, _ = toy()
     keep = sample_rows(np.arange(len(data.match_rows)), 40, 0)
-    expected = fit_probe(x[data.match_rows[keep]], np.argmax(data.labels(data.match_rows[keep]), axis=1), seed=0)
-    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=40)["f"].coef_, expected.coef_)
-    every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))["f"]
-    assert not np.array_equal(every.coef_, expected.coef_)
-    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=10**6)["f"].coef_, every.coef_)
+    expected = fit_probes(x[data.match_rows[keep]], np.argmax(data.labels(data.match_rows[keep]), axis=1)[:, None])
+    assert torch.equal(fit_family_probes(data, seed=0, max_n=40).weight, expected.weight)
+    every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))
+    assert not torch.equal(every.weight, expected.weight)
+    assert torch.equal(fit_family_probes(data, seed=0, max_n=10**6).weight, every.weight)

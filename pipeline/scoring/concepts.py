@@ -25,7 +25,11 @@ Binarisation: a latent is active when its non-negative activation exceeds `evalu
 published 1e-8 by default; 0 is an option); CEDAR and rotation models are seen through their half-axis view
 (`SparseModel.latents`). Conventions that differ between the published evaluation code and our earlier choices
 are settings with the published one as default: the binarisation threshold, TAPAScore's empty coalitions
-(`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`); the report states the ones in use.
+(`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`, `fms_exhausted`); the report states the ones in
+use.
+
+Devices: the linear probes and FMS run with torch on `evaluate.device` (`pipeline.metrics.probe`,
+`pipeline.metrics.fms`); the other concept metrics on the host (numpy, scipy.sparse).
 
 Random codes: each latent fires independently with the trained model's activation frequency on
 the matching rows, magnitude 1 (`pipeline.scoring.codes.RandomCodes`, one seeded stream per row set); before/after
@@ -48,12 +52,21 @@ from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import fms
 from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
-from pipeline.metrics.probe import fit_probe, probe_scores
+from pipeline.metrics.probe import Probes, fit_probes, probe_scores
 from pipeline.metrics.tapas import delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
 from pipeline.scoring.options import EvaluateSettings
+from pipeline.scoring.timings import Timings
+from pipeline.training.device import resolve_device
 
 log = logging.getLogger(__name__)
+
+
+def metrics_device(device: str) -> str:
+    """Where the torch metrics (probes, FMS) run for `evaluate.device`: that device, but the CPU for Apple's "mps",
+    which has no float64 (the metrics' counts and proxies are compared exactly in float64)."""
+    resolved = resolve_device(device)
+    return "cpu" if resolved.type == "mps" else str(resolved)
 
 
 class CodeSource(Protocol):
@@ -159,20 +172,23 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     return scores, tapas_matching
 
 
-def fit_family_probes(data: ConceptData, seed: int, max_n: int) -> dict[str, Any]:
-    """One multinomial probe per one-hot attribute family, fitted on the dense embeddings of at most `max_n` of the
-    matching rows (a seeded subsample: the probe's cost grows with its rows, its quality hardly beyond ~10^4)."""
-    probes = {}
+def fit_family_probes(data: ConceptData, seed: int, max_n: int, device: str = "cpu") -> Probes | None:
+    """The multinomial probes of every one-hot attribute family (one model, a head per family: `fit_probes`), fitted
+    on the dense embeddings of at most `max_n` of the matching rows (a seeded subsample: the probe's cost grows with
+    its rows, its quality hardly beyond ~10^4) on `device`; None when the kind has no family."""
     if not data.families:
-        return probes
+        return None
     keep = sample_rows(np.arange(len(data.match_rows)), max_n, seed)
     x, labels = data.embeddings(data.match_rows[keep]), data.y_match[keep]
     for family, columns in data.families.items():
-        y = labels[:, columns]
-        if not (y.sum(axis=1) == 1).all():
+        if not (labels[:, columns].sum(axis=1) == 1).all():
             raise ValueError(f"attribute family {family!r} is not one-hot; the linear probe needs one class per image")
-        probes[family] = fit_probe(x, np.argmax(y, axis=1), seed=seed)
-    return probes
+    return fit_probes(x, _family_classes(labels, data.families), device=device)
+
+
+def _family_classes(labels: np.ndarray, families: dict[str, list[int]]) -> np.ndarray:
+    """int64 (n, F): each row's class in every family (the index of its attribute within the family's columns)."""
+    return np.stack([np.argmax(labels[:, columns], axis=1) for columns in families.values()], axis=1)
 
 
 class ProbeStream:
@@ -180,35 +196,33 @@ class ProbeStream:
     kind; those of this kind are kept), `result` gives the mean over families of the probe CE on originals and on
     reconstructions, the KL and both accuracies (each family's mean over the kind's test rows). A test row whose class
     the probe never saw among the matching rows (rare classes of small datasets) is left out of that family's scores:
-    a probe has no output for it."""
+    a probe has no output for it. timings: the scoring's seconds go to its "probes" part."""
 
     FIELDS = ("ce_original", "ce_reconstruction", "kl", "accuracy_original", "accuracy_reconstruction")
 
-    def __init__(self, probes: dict[str, Any], data: ConceptData) -> None:
+    def __init__(self, probes: Probes | None, data: ConceptData, timings: Timings | None = None) -> None:
         self.probes, self.data = probes, data
-        self.sums = {family: np.zeros(len(self.FIELDS)) for family in probes}
-        self.counts = {family: 0 for family in probes}
+        self.timings = timings or Timings()
+        n_families = probes.n_families if probes is not None else 0
+        self.sums = np.zeros((n_families, len(self.FIELDS)))
+        self.counts = np.zeros(n_families, dtype=np.int64)
 
     def add(self, rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
         mine = np.isin(rows, self.data.test_rows, assume_unique=True)
-        if not self.probes or not mine.any():
+        if self.probes is None or not mine.any():
             return
-        labels = self.data.labels(rows[mine])
-        for family, columns in self.data.families.items():
-            probe = self.probes[family]
-            y = np.argmax(labels[:, columns], axis=1)
-            seen = np.isin(y, probe.classes_)
-            if not seen.any():
-                continue
-            result = probe_scores(probe, x[mine][seen], x_hat[mine][seen].astype(np.float32), y[seen])
-            self.sums[family] += int(seen.sum()) * np.array([getattr(result, f) for f in self.FIELDS])
-            self.counts[family] += int(seen.sum())
+        with self.timings.part("probes"):
+            labels = _family_classes(self.data.labels(rows[mine]), self.data.families)
+            for f, result in enumerate(probe_scores(self.probes, x[mine], x_hat[mine].astype(np.float32), labels)):
+                if result.n:
+                    self.sums[f] += result.n * np.array([getattr(result, field) for field in self.FIELDS])
+                    self.counts[f] += result.n
 
     def result(self) -> dict[str, float] | None:
-        scored = [family for family in self.probes if self.counts[family]]
-        if not scored:
+        scored = self.counts > 0
+        if not scored.any():
             return None
-        means = np.mean([self.sums[family] / self.counts[family] for family in scored], axis=0)
+        means = (self.sums[scored] / self.counts[scored, None]).mean(axis=0)
         return {f: float(v) for f, v in zip(self.FIELDS, means)}
 
 
@@ -216,45 +230,55 @@ def tapas_record(before: Any, after: Any, added: np.ndarray, removed: np.ndarray
                  empty: str) -> dict[str, Any]:
     """TAPAScore of these pairs as a record: score, both means and the pair counts."""
     t = tapascore(before, after, added, removed, coalitions, empty)
-    return {"score": t.score, "delta_add": t.delta_add, "delta_rem": t.delta_rem, "n_pairs": t.n_pairs, "n_add": t.n_add, "n_rem": t.n_rem}
+    return {"score": t.score, "delta_add": t.delta_add, "delta_rem": t.delta_rem, "n_pairs": t.n_pairs, "n_add": t.n_add, "n_rem": t.n_rem,
+            "n_scored": t.n_scored}
 
 
-def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
-    scores, matching = matching_scores(codes, data, settings)
+def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int, timings: Timings | None = None) -> dict[str, Any]:
+    timings = timings or Timings()
+    with timings.part("matching"):
+        scores, matching = matching_scores(codes, data, settings)
     has_pairs = len(data.pair_ids) > 0
     tapas = stay = None
     if has_pairs:
-        before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
-        after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
-        tapas = tapas_record(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
-        tapas["families"] = {
-            str(family): tapas_record(before[edits], after[edits], data.pairs_added[edits], data.pairs_removed[edits],
-                                      matching.coalitions, settings.tapas_empty)
-            for family in np.unique(data.pairs_family) for edits in [np.flatnonzero(data.pairs_family == family)]
-        }
-        stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions)
+        with timings.part("tapas"):
+            before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
+            after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
+            tapas = tapas_record(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
+            tapas["families"] = {
+                str(family): tapas_record(before[edits], after[edits], data.pairs_added[edits], data.pairs_removed[edits],
+                                          matching.coalitions, settings.tapas_empty)
+                for family in np.unique(data.pairs_family) for edits in [np.flatnonzero(data.pairs_family == family)]
+            }
+            stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
     pool = codes.test.codes(data.pool_rows)
-    fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
-    near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
+    with timings.part("fms"):
+        fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels,
+                         exhausted=settings.fms_exhausted, device=metrics_device(settings.device))
+    with timings.part("cknna"):
+        near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
+        similarity = cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None)
     return {
         "matching": scores,
         "match_score": scores[f"fbmp_b{settings.tapas_beta:g}"]["match"][settings.tapas_k],
         "tapas": tapas,
         "delta_stay": stay,
-        "cknna": cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None),
+        "cknna": similarity,
         "fms": fms_result.fms,
         "probe": codes.probe,
         "coalitions": [c.tolist() for c in matching.coalitions],
     }
 
 
-def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
-    """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas."""
+def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int,
+                    timings: Timings | None = None) -> dict[str, Any]:
+    """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas;
+    their seconds go to `timings`."""
     frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
     variants = {
-        "trained": variant_metrics(trained, data, settings, seed),
-        "untrained": variant_metrics(untrained, data, settings, seed),
-        "random": variant_metrics(random_variant(frequency, seed), data, settings, seed),
+        "trained": variant_metrics(trained, data, settings, seed, timings),
+        "untrained": variant_metrics(untrained, data, settings, seed, timings),
+        "random": variant_metrics(random_variant(frequency, seed), data, settings, seed, timings),
     }
     trained, untrained = variants["trained"]["matching"], variants["untrained"]["matching"]
     delta = {}

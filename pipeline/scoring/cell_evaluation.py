@@ -7,7 +7,7 @@ every `evaluate.ks` from the one trained rotation.
 Concepts, per kind of scene (`pipeline.scoring.concepts`): MATCHScores (FBMP for each beta and k, one-to-one),
 Delta-MATCHScore, TAPAScore and Delta-stay on the intervention pairs, CKNNA, FMS and linear-probe loss, for
 trained, untrained and random codes.
-Explanations (`pipeline.explain.run`): latent names, relevance of named concepts, captions from the dense
+Explanations (`pipeline.explain.explanations`): latent names, relevance of named concepts, captions from the dense
 embedding / the sparse reconstruction / top-k in the original basis, example images and the latents that switch
 across intervention pairs.
 
@@ -36,16 +36,18 @@ import torch
 from pipeline.data.dataset import Dataset, edit_text, sample_rows
 from pipeline.encoders.base import weights_digest
 from pipeline.explain.decoder import CaptionDecoder
+from pipeline.explain.explanations import Concepts, KindData, explain_rows, explain_run
 from pipeline.explain.options import ExplainSettings
-from pipeline.explain.run import Concepts, KindData, explain_rows, explain_run
 from pipeline.grid import Cell
+from pipeline.metrics.probe import SOLVER as PROBE_SOLVER
 from pipeline.models.base import SparseModel
 from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
-from pipeline.scoring.concepts import ConceptData, ProbeStream, VariantCodes, concept_metrics, fit_family_probes
+from pipeline.scoring.concepts import ConceptData, ProbeStream, VariantCodes, concept_metrics, fit_family_probes, metrics_device
+from pipeline.scoring.encoding_pass import OnBatch, encode_rows, fvu_curve
 from pipeline.scoring.options import EvaluateSettings
-from pipeline.scoring.reconstruction import OnBatch, encode_rows, fvu_curve
+from pipeline.scoring.timings import Timings
 from pipeline.store import Store, StoreError
 from pipeline.training.device import device_name, resolve_device
 
@@ -70,11 +72,13 @@ class CellInputs:
 
 @dataclass
 class CellEvaluation:
-    """The records the evaluate stage writes: metrics.json, fvu_curve.json and explain.json."""
+    """The records the evaluate stage writes: metrics.json, fvu_curve.json and explain.json, and the seconds of each
+    part of the evaluation (`pipeline.scoring.timings`; a separate file: wall-clock numbers differ from run to run)."""
 
     metrics: dict[str, Any]
     curve: list[dict[str, Any]]
     explanations: dict[str, Any]
+    timings: dict[str, float]
 
 
 def untrained_twin(cell: Cell, d: int, options: dict[str, Any], embeddings: Store, train_rows: np.ndarray, init_samples: int,
@@ -125,13 +129,13 @@ def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int,
 
 
 def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[str, ConceptData], probes: dict[str, Any],
-                 settings: EvaluateSettings, seed: int, codes_dir: Path) -> dict[str, CodeSet]:
+                 settings: EvaluateSettings, seed: int, codes_dir: Path, timings: Timings | None = None) -> dict[str, CodeSet]:
     """Every code set of one model (`CODE_SETS`); the test pass also streams the probes of every kind (their scores
-    land in the test set's meta under "probe")."""
+    land in the test set's meta under "probe"; their seconds in `timings`' "probes")."""
     base = {"model": weights_digest(model), "method": model.method, "k": model.k}
     match_rows = np.unique(np.concatenate([d.match_rows for d in kinds.values()]))
     pair_ids = np.arange(len(inputs.data.pairs))
-    streams = {kind: ProbeStream(probes[kind], d) for kind, d in kinds.items()}
+    streams = {kind: ProbeStream(probes[kind], d, timings) for kind, d in kinds.items()}
 
     def on_batch(rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
         for stream in streams.values():
@@ -140,7 +144,7 @@ def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[
     def source(store: Store, rows: np.ndarray) -> dict[str, Any]:
         return {**base, "store": store.attrs.get("fingerprint"), "rows": rows_digest(rows)}
 
-    probe_key = {kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed} for kind, d in kinds.items()}
+    probe_key = {kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed, "solver": PROBE_SOLVER} for kind, d in kinds.items()}
     test_rows = inputs.data.rows("test")
     bs = settings.batch_size
     return {
@@ -188,18 +192,22 @@ def explain_kinds(inputs: CellInputs, codes: CodeSet, explain: ExplainSettings, 
 def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: CellInputs, evaluate: EvaluateSettings, explain: ExplainSettings,
                   seed: int, codes_dir: Path, best_epoch: int | None = None) -> CellEvaluation:
     """Every metric and explanation of one trained run (see the module docstring); codes go to `codes_dir`."""
+    started, timings = time.perf_counter(), Timings()
     device = resolve_device(evaluate.device)
     model, twin = model.to(device).eval(), twin.to(device).eval()
     test_rows = inputs.data.rows("test")
     kinds = {kind: concept_data(inputs, kind, evaluate, seed) for kind in inputs.data.kinds}
-    probes = {kind: fit_family_probes(d, seed, evaluate.probe_max_n) for kind, d in kinds.items()}
+    with timings.part("probes"):
+        probes = {kind: fit_family_probes(d, seed, evaluate.probe_max_n, metrics_device(evaluate.device)) for kind, d in kinds.items()}
     start = time.perf_counter()
-    codes = {name: encode_model(name, m, inputs, kinds, probes, evaluate, seed, codes_dir) for name, m in (("trained", model), ("untrained", twin))}
+    with timings.part("encode"):
+        codes = {name: encode_model(name, m, inputs, kinds, probes, evaluate, seed, codes_dir, timings) for name, m in (("trained", model), ("untrained", twin))}
     log.info("%s: codes of %d test, %d matching rows and %d pairs in %.1f s", cell.name, len(test_rows), len(codes["trained"]["match"]),
              len(inputs.data.pairs), time.perf_counter() - start)
     trained, untrained = reconstruction_stats(codes["trained"]["test"]), reconstruction_stats(codes["untrained"]["test"])
     if cell.rotation:
-        points = fvu_curve({"trained": model, "untrained": twin}, inputs.embeddings, test_rows, evaluate.batch_size, sorted({*evaluate.ks, cell.k}))
+        with timings.part("fvu"):
+            points = fvu_curve({"trained": model, "untrained": twin}, inputs.embeddings, test_rows, evaluate.batch_size, sorted({*evaluate.ks, cell.k}))
     else:
         points = [{"model": name, "k": cell.k, "K": stats["l0"], "fvu": stats["fvu"]} for name, stats in (("trained", trained), ("untrained", untrained))]
     curve = [{"run": cell.name, "method": cell.method, **point} for point in points]
@@ -208,7 +216,7 @@ def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: Cel
         sets = codes[name]
         return VariantCodes(sets["match"], sets["test"], sets["pairs_before"], sets["pairs_after"], sets["test"].stats["probe"][kind])
 
-    concepts = {kind: concept_metrics(variant("trained", kind), variant("untrained", kind), d, evaluate, seed) for kind, d in kinds.items()}
+    concepts = {kind: concept_metrics(variant("trained", kind), variant("untrained", kind), d, evaluate, seed, timings) for kind, d in kinds.items()}
     metrics = {
         "run": cell.name, "method": cell.method, "size": model.n_latents, "k": cell.k, "rotation": cell.rotation,
         "trained": trained, "untrained": untrained, "n_test": int(len(test_rows)), "best_epoch": best_epoch,
@@ -217,7 +225,8 @@ def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: Cel
     start = time.perf_counter()
     # the decoder's input mean is the mean training embedding: the captions stage trains it on exactly the training split
     image_mean = inputs.decoder.input_mean.detach().cpu().numpy()
-    explained = explain_run(model.cpu(), cell.k, inputs.decoder, explain_kinds(inputs, codes["trained"]["test"], explain, seed), inputs.concepts,
-                            image_mean, explain)
+    with timings.part("explain"):
+        explained = explain_run(model.cpu(), cell.k, inputs.decoder, explain_kinds(inputs, codes["trained"]["test"], explain, seed), inputs.concepts,
+                                image_mean, explain)
     log.info("%s: explanations in %.1f s", cell.name, time.perf_counter() - start)
-    return CellEvaluation(metrics, curve, {"run": cell.name, "method": cell.method, **explained})
+    return CellEvaluation(metrics, curve, {"run": cell.name, "method": cell.method, **explained}, timings.record(time.perf_counter() - started))
