@@ -6,19 +6,25 @@
 What a GPU node should finish in under 5 minutes at the defaults, printing one JSON line per phase with the
 pipeline's throughput next to the bare loop's, measured in the same process on the same device:
 
-- `extract`: `OpenClipEncoder.encode_images` (the extract stage's path: uint8 images, open_clip's own preprocessing per
-  image, pinned non-blocking copies, bfloat16 autocast) on --images random images with randomly initialised --arch
-  weights, against `model.encode_image` on the same images already preprocessed and on the device (the bare forward);
+- `extract`: `OpenClipEncoder.encode_images` (the extract stage's path: uint8 images copied to the device pinned and
+  non-blocking, open_clip's preprocessing there as batched ops when `device_preprocess` mirrors it, else per image;
+  bfloat16 autocast) on --images random images with randomly initialised --arch weights, against
+  `model.encode_image` on the same images already preprocessed and on the device (the bare forward), both warm;
+  `preprocess` says which path ran ("device" or "per image");
 - `train_sae` / `train_cedar`: the train stage of a TopK SAE (--dict latents, k) and of CEDAR (d latents, k) on
-  --n synthetic embeddings of dimension --d streamed from the zarr store (--steps steps of --batch rows; bf16
-  autocast for the SAE, float32 for CEDAR), against the bare step loop (the same model, batches already on the
-  device, forward, backward, AdamW step);
+  --n synthetic embeddings of dimension --d read from the zarr store (--steps steps of --batch rows; bf16
+  autocast for the SAE, float32 for CEDAR; `pipeline.training.cell_training.train_cell` in this process, its imports
+  done), against the warm bare step loop (the same model, batches already on the device, forward, backward, AdamW
+  step; timed after 10 untimed steps). `feed` says which data mode the stage chose (resident or streaming,
+  `pipeline.training.feed`) and `breakdown` its own seconds (store/models/<run>.timings.json: open, device start,
+  read, init, steps, validation, checkpoint, save, ...), `steps_share` the share of its time in steps;
 - `evaluate_sae` / `evaluate_cedar`: the evaluate stage of each cell (every metric and the explanations), rows
   encoded per second (no bare counterpart: reported for scale).
 
-Keys: phase, device, seconds, per_s (pipeline), bare_per_s, ratio (pipeline / bare), unit. On a CPU (no GPU here)
-it runs with reduced sizes to prove the script, e.g. `--n 20000 --d 64 --dict 1024 --k 8 --steps 30 --batch 256
---images 16`; its numbers then say nothing about a GPU.
+Keys: phase, device, seconds, per_s (pipeline), bare_per_s, ratio (pipeline / bare), unit; and feed, breakdown,
+steps_share (training phases), preprocess (extraction). Goals (issue 21): ratio >= 0.8 for extract, train_sae and
+train_cedar on an H200. On a CPU (no GPU here) it runs with reduced sizes to prove the script, e.g. `--n 20000 --d 64
+--dict 1024 --k 8 --steps 30 --batch 256 --images 16`; its numbers then say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -48,12 +54,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def report(phase: str, device: torch.device, seconds: float, count: int, unit: str, bare_seconds: float | None = None) -> None:
+def report(phase: str, device: torch.device, seconds: float, count: int, unit: str, bare_seconds: float | None = None, **extra: Any) -> None:
     record: dict[str, Any] = {"phase": phase, "device": device_name(device), "seconds": round(seconds, 3), "per_s": round(count / seconds, 1),
                               "unit": unit}
     if bare_seconds is not None:
         record.update(bare_per_s=round(count / bare_seconds, 1), ratio=round(bare_seconds / seconds, 3))
-    print(json.dumps(record), flush=True)
+    print(json.dumps(record | extra), flush=True)
 
 
 def extraction(args: argparse.Namespace, device: torch.device) -> None:
@@ -77,7 +83,8 @@ def extraction(args: argparse.Namespace, device: torch.device) -> None:
         for i in range(0, len(pixels), args.batch_images):
             encoder.model.encode_image(pixels[i : i + args.batch_images])
         sync(device)
-    report("extract", device, pipeline_seconds, args.images, "images", time.perf_counter() - start)
+    report("extract", device, pipeline_seconds, args.images, "images", time.perf_counter() - start,
+           preprocess="device" if encoder.device_preprocess is not None else "per image")
 
 
 def project(args: argparse.Namespace, device: torch.device, workdir: Path) -> Path:
@@ -105,16 +112,19 @@ def project(args: argparse.Namespace, device: torch.device, workdir: Path) -> Pa
     return root
 
 
-def bare_steps(model: torch.nn.Module, x: torch.Tensor, steps: int, batch: int, bf16: bool, device: torch.device) -> float:
-    """Seconds of `steps` plain AdamW steps of the model's training loss on batches already on the device."""
+def bare_steps(model: torch.nn.Module, x: torch.Tensor, steps: int, batch: int, bf16: bool, device: torch.device, warmup: int = 10) -> float:
+    """Seconds of `steps` plain AdamW steps of the model's training loss on batches already on the device, timed
+    after `warmup` untimed steps (the warm loop: optimiser created, kernels chosen, caches filled)."""
     optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=5e-4)
     generator = torch.Generator(device=device).manual_seed(0)
-    batches = [x[(i * batch) % len(x):][:batch] for i in range(steps)]
-    sync(device)
-    start = time.perf_counter()
+    batches = [x[(i * batch) % len(x):][:batch] for i in range(warmup + steps)]
+    start = 0.0
     for i, xb in enumerate(batches):
+        if i == warmup:
+            sync(device)
+            start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = model.training_loss(xb, i / steps, generator)
+            loss, _ = model.training_loss(xb, (i - warmup) / steps, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -142,7 +152,9 @@ def cells(args: argparse.Namespace, device: torch.device, root: Path) -> None:
         model = build(cell.method, args.d, cell.size, cell.k, seed=0, **p.method_options(cell.method)).to(device)
         model.fit_init(x[:4096])
         bare = bare_steps(model, x, args.steps, args.batch, bf16=model.autocast_safe and device.type == "cuda", device=device)
-        report(f"train_{name}", device, stage_seconds, args.steps * args.batch, "rows (whole stage: init, steps, validation, checkpoint)", bare)
+        timings = json.loads(layout.model_timings(cell.name).read_text())
+        report(f"train_{name}", device, stage_seconds, args.steps * args.batch, "rows (whole stage: read, init, steps, validation, checkpoint)", bare,
+               feed=timings["feed"], breakdown=timings["seconds"], steps_share=timings["steps_share"])
         start = time.perf_counter()
         evaluate.run(p, layout, cell)
         encoded = sum(len(open_codes(layout.codes(cell.name) / model / part)) for model in ("trained", "untrained") for part in ("test", "match"))

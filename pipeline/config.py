@@ -16,9 +16,12 @@ Unknown keys, duplicate keys, wrong types and impossible values fail with one li
 the key and the value (e.g. `params.yaml: sweep.sae.ks[1]: k=512 > dictionary size 256`), before any work starts.
 Beyond each component's own rules this module refuses what only the whole file shows: a grid cell that cannot
 exist, `evaluate.ks` / `explain.caption_ks` beyond the latents of the rotation runs (d), `evaluate.match_ks` beyond
-the smallest latent count, and splits too small for the evaluation (`split_problems`: exact for the scene world
+the smallest latent count, splits too small for the evaluation (`split_problems`: exact for the scene world
 here; a real dataset's file table is counted by `pipeline.resources.resource_problems`, which `cedar validate` also
-uses to report pretrained weights that are not available offline, and by the data stage once the images are read).
+uses to report pretrained weights that are not available offline, and by the data stage once the images are read),
+and training batches the data or the memory budget cannot hold (`batch_problems`: a batch larger than the training
+split where params give its size; batches in flight beyond a `train.feed_memory` given as a size; a fraction of
+free memory is checked by `pipeline.resources` and again by the stage, `pipeline.training.feed.plan_feed`).
 
 Sweep design: the grid is two DVC `matrix` stages — rotations (CEDAR and the rotation baselines, one latent per
 embedding dimension, so only k varies) and SAEs (method x dictionary size x k). A k larger than a dictionary size
@@ -42,7 +45,7 @@ from pipeline.grid import Cell, Sweep, cells
 from pipeline.models.options import OPTIONS, ROTATION_METHODS, options_class
 from pipeline.scoring.options import EvaluateSettings, PlantedSettings
 from pipeline.settings import NonNegativeInt, PositiveInt, settings
-from pipeline.training.options import TrainSettings
+from pipeline.training.options import BATCHES_IN_FLIGHT, TrainSettings, memory_bytes
 
 
 class ParamsError(ValueError):
@@ -141,6 +144,8 @@ class Params(BaseModel):
         problems.extend(self._latent_counts())
         if isinstance(self.data, ScenesSettings):
             problems.extend(split_problems(self.data.split_counts(self.seed), self))
+        if not problems:  # the loop settings of every method are valid here
+            problems.extend(batch_problems(self, self.train_rows))
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -157,6 +162,19 @@ class Params(BaseModel):
             problems.append(f"evaluate.match_ks: coalitions of {max(self.evaluate.match_ks)} latents > {min(sizes)}, the smallest latent count "
                             "of the grid")
         return problems
+
+    @property
+    def train_rows(self) -> int | None:
+        """Rows of the training split when params alone say it (the scene world, the synthetic source), else None."""
+        if isinstance(self.data, ScenesSettings):
+            return sum(train for train, _, _ in self.data.split_counts(self.seed).values())
+        if isinstance(self.data, SyntheticSettings):
+            return int(self.data.n * self.data.split[0])
+        return None
+
+    def trained_methods(self) -> list[str]:
+        """The swept methods that make optimiser steps (the fixed bases, `FIXED_BASES`, are fitted, not trained)."""
+        return [m for m in dict.fromkeys([*self.sweep.rotation.methods, *self.sweep.sae.methods]) if m not in FIXED_BASES]
 
     def method_options(self, method: str) -> dict[str, Any]:
         """Validated options of `method` (its `Options` fields, without the `train` override) as a dict."""
@@ -228,6 +246,42 @@ def _format(error: ValidationError, prefix: str = "") -> list[str]:
         else:
             lines.append(f"{key}: {msg}" + (f" (got {e['input']!r})" if e["type"] not in ("extra_forbidden", "unexpected_keyword_argument", "missing", "value_error") else ""))
     return lines
+
+
+#: rotation methods with nothing to train (their `SparseModel.trainable` is False): no batches, no batch-size rule
+FIXED_BASES = ROTATION_METHODS - {"cedar"}
+
+
+def batch_problems(params: "Params", train_rows: int | None, free: dict[str, int] | None = None) -> list[str]:
+    """Training batches the data or the budget cannot hold, one line each naming the key: a batch larger than the
+    `train_rows` rows of the training split (when known), and `BATCHES_IN_FLIGHT` batches of d float32 values per row
+    beyond `train.feed_memory` (a size; a fraction of free memory only where `free` gives the free bytes of the
+    method's `train.device`)."""
+    problems: dict[str, list[str]] = {}  # the problem -> the methods it concerns
+    for method in params.trained_methods():
+        settings = params.train_settings(method)
+        key = f"methods.{method}.train" if "batch_size" in ((params.methods.get(method) or {}).get("train") or {}) else "train"
+        if train_rows is not None and settings.batch_size > train_rows:
+            problems.setdefault(f"{key}.batch_size: {settings.batch_size} rows per step, but the training split has only {train_rows} rows "
+                                f"(data.split {list(params.data.split)})", []).append(method)
+        available = (free or {}).get(settings.device)
+        if params.d is not None and (available is not None or isinstance(settings.feed_memory, str)):
+            need = BATCHES_IN_FLIGHT * settings.batch_size * params.d * 4
+            budget = memory_bytes(settings.feed_memory, available or 0)
+            if need > budget:
+                problems.setdefault(f"{key}.batch_size: {BATCHES_IN_FLIGHT} batches in flight of {settings.batch_size} rows of d = {params.d} "
+                                    f"float32 values need {_size(need)}, more than train.feed_memory = {settings.feed_memory} allows "
+                                    f"({_size(budget)})", []).append(method)
+    return [f"{text} (training {', '.join(methods)})" for text, methods in problems.items()]
+
+
+def _size(n: float) -> str:
+    """Bytes in words: "512 B", "24.0 KiB", "1.5 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError
 
 
 def split_problems(counts: dict[str, tuple[int, int, int]], params: "Params") -> list[str]:

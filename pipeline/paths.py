@@ -93,6 +93,9 @@ class Layout:
     def model_history(self, run: str) -> Path:  # per-epoch training history
         return self.model(run) / "history.json"
 
+    def model_timings(self, run: str) -> Path:  # wall-clock seconds of the last training (not a DVC output: they vary)
+        return self.models / f"{run}.timings.json"
+
     def model_work(self, run: str) -> Path:  # epoch checkpoints of an unfinished training (resumed after a kill)
         return self.models / f"{run}.tmp"
 

@@ -3,8 +3,10 @@
 Outputs in store/embeddings/: images.zarr (n, d), captions.zarr (n, d) and concepts.zarr (V, d)
 (encoders with a text tower), pairs_before.zarr and pairs_after.zarr (p, d), each float32 with
 provenance attributes (encoder id, dataset fingerprint). Images stream from the dataset's uint8
-store in batches (memory bounded by the batch size); pretrained encoders apply their own
-preprocessing and run in bfloat16 autocast on a GPU.
+store in blocks of `READ_BATCHES` batches, read (decompressed and checked) by a thread pool two blocks ahead of
+the encoder (memory: three blocks); each block is one `encode_images` call, so the device is waited for once per
+block. Pretrained encoders apply their own preprocessing, on the device for whole uint8 batches where
+`pipeline.encoders.pixels` mirrors it, and run in bfloat16 autocast on a GPU.
 Work happens in store/embeddings.tmp/ (kept if the stage is killed): a rerun resumes every
 store from its last complete chunk, then the directory is renamed into place.
 A dataset that brings its own embeddings (the synthetic source: no images, store/data/embeddings/) is not
@@ -39,6 +41,9 @@ EXTRACT_CODE = ("pipeline/encoders", "pipeline/store.py", "stages/extract.py")
 
 log = logging.getLogger(__name__)
 
+#: forward batches per block of images read ahead and encoded in one call
+READ_BATCHES = 8
+
 
 def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chunk_rows: int, fingerprint: dict[str, Any],
                 attrs: dict[str, Any], desc: str) -> None:
@@ -57,9 +62,10 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chu
         except StoreError as e:
             log.warning("%s; writing it again", e)
     writer = StoreWriter(out, (encoder.dim,), np.float32, fingerprint=fingerprint, attrs=attrs, expected_rows=len(images), chunk_rows=chunk_rows)
+    block = batch_size * READ_BATCHES  # forward batches start at the same rows as in an uninterrupted run (resumes are chunk-aligned)
+    blocks = [(start, min(start + block, len(images))) for start in range(writer.n_rows, len(images), block)]
     with tqdm(total=len(images), initial=writer.n_rows, desc=desc, unit="img") as bar:
-        for start in range(writer.n_rows, len(images), batch_size):
-            batch = images.read(start, start + batch_size)
+        for batch in images.read_ranges(blocks, ahead=2):
             writer.append(encoder.encode_images(batch, batch_size=batch_size))
             bar.update(len(batch))
     writer.finalize()

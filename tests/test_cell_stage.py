@@ -64,19 +64,31 @@ def test_source_digest_changes_with_any_training_source_and_only_with_it(tmp_pat
 
 
 def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
+    from pipeline.training.feed import FeedPlan
+
     raw = yaml.safe_load(preset_text("tiny"))
     params = validate_params(raw)
     cell = params.cells()[-1]
     rows = np.arange(10), np.arange(10, 12)
-    base = training_fingerprint(params, cell, {"dataset": "d"}, *rows)
-    assert base == training_fingerprint(validate_params(raw), cell, {"dataset": "d"}, *rows)
+    resident = FeedPlan("resident", 1 << 30, 1000, 0, "")
+    base = training_fingerprint(params, cell, {"dataset": "d"}, *rows, resident)
+    assert base == training_fingerprint(validate_params(raw), cell, {"dataset": "d"}, *rows, resident)
     evaluate_changed = {**raw, "evaluate": {**raw["evaluate"], "ks": [1, 3]}}
-    assert training_fingerprint(validate_params(evaluate_changed), cell, {"dataset": "d"}, *rows) == base
+    assert training_fingerprint(validate_params(evaluate_changed), cell, {"dataset": "d"}, *rows, resident) == base
     train_changed = {**raw, "train": {**raw["train"], "epochs": raw["train"]["epochs"] + 1}}
-    assert training_fingerprint(validate_params(train_changed), cell, {"dataset": "d"}, *rows) != base
-    assert training_fingerprint(params, cell, {"dataset": "other"}, *rows) != base
-    assert training_fingerprint(params, cell, {"dataset": "d"}, np.arange(1, 11), rows[1]) != base
-    assert training_fingerprint(params, params.cells()[0], {"dataset": "d"}, *rows) != base
+    assert training_fingerprint(validate_params(train_changed), cell, {"dataset": "d"}, *rows, resident) != base
+    assert training_fingerprint(params, cell, {"dataset": "other"}, *rows, resident) != base
+    assert training_fingerprint(params, cell, {"dataset": "d"}, np.arange(1, 11), rows[1], resident) != base
+    assert training_fingerprint(params, params.cells()[0], {"dataset": "d"}, *rows, resident) != base
+    # the feed: its mode and streaming's window change the batches; the memory settings only through them
+    memory_changed = validate_params({**raw, "train": {**raw["train"], "feed_memory": "1GiB", "shuffle_rows": 999}})
+    assert training_fingerprint(memory_changed, cell, {"dataset": "d"}, *rows, resident) == base
+    streaming = FeedPlan("streaming", 1 << 30, 1000, 4, "")
+    assert training_fingerprint(params, cell, {"dataset": "d"}, *rows, streaming) != base
+    assert training_fingerprint(params, cell, {"dataset": "d"}, *rows, FeedPlan("streaming", 1 << 20, 10, 8, "")) not in (
+        base, training_fingerprint(params, cell, {"dataset": "d"}, *rows, streaming))
+    assert training_fingerprint(params, cell, {"dataset": "d"}, *rows, FeedPlan("streaming", 1 << 20, 10, 4, "other budget")) == \
+        training_fingerprint(params, cell, {"dataset": "d"}, *rows, streaming)
 
 
 @pytest.mark.parametrize("damage", ["none", "other_inputs", "no_weights", "no_history", "bad_json", "old_schema", "no_fingerprint",

@@ -98,3 +98,29 @@ def test_an_unusable_epoch_checkpoint_is_discarded_with_a_warning(tmp_path, how,
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items()), "a discarded checkpoint changes nothing"
     assert ("other inputs" if how == "other_inputs" else "epoch checkpoint unusable") in caplog.text
     assert np.isfinite(sum(float(v.sum()) for v in fresh.state_dict().values()))
+
+
+@pytest.mark.parametrize("best_epoch", [2, 1])
+def test_the_best_weights_are_stored_once_when_they_are_the_models_and_apart_otherwise(tmp_path, best_epoch):
+    from safetensors import safe_open
+
+    from pipeline.training.resume import Checkpoints
+
+    model, optimizer = resumable(0)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    best = {k: v.clone() for k, v in model.state_dict().items()} if best_epoch == 2 else {k: v + 1 for k, v in model.state_dict().items()}
+    checkpoints = Checkpoints(tmp_path, "f")  # the background writer the training stage uses
+    checkpoints.save(model, optimizer, TrainState(epoch=2, step=10, best_epoch=best_epoch), best)
+    with torch.no_grad():  # the live model moves on while the snapshot is written
+        next(model.parameters()).add_(5)
+    checkpoints.close()
+    with safe_open(str(tmp_path / "resume-2.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert any(k.startswith("best/") for k in stored) == (best_epoch != 2), "one copy when the best epoch is this one"
+    restored, restored_optimizer = resumable(1)
+    state, restored_best = load_resume(tmp_path, restored, restored_optimizer, "f")
+    assert state.best_epoch == best_epoch
+    for key, value in best.items():
+        torch.testing.assert_close(restored_best[key], value, rtol=0, atol=0)
+    torch.testing.assert_close(next(restored.parameters()) + 5, next(model.parameters()), rtol=0, atol=0)

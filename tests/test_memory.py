@@ -131,3 +131,75 @@ def test_evaluate_peak_rss_on_200k_rows_is_bounded_by_batch_and_subset_sizes(pro
     assert metrics["n_test"] == n_test and metrics["trained"]["n"] == n_test, "every test row was streamed"
     print(f"evaluate: RSS {rss['start_mb']:.0f} MB loaded, peak {rss['peak_mb']:.0f} MB: +{growth:.0f} MB <= budget {budget:.0f} MB "
           f"(process peak with imports {rss['process_peak_mb']:.0f} MB); dense test codes alone would be {dense_codes_mb:.0f} MB")
+
+
+# --- the training stage: streaming keeps its memory within train.feed_memory -----------------------------------------
+
+FEED_PARAMS = {
+    "seed": 0,
+    "data": {"source": "synthetic", "n": 200_000, "d": 512, "families": 4, "values": 8, "n_pairs": 100, "split": [0.9, 0.05, 0.05]},
+    "train": {"batch_size": 512, "epochs": 1, "max_steps": 60, "lr": 0.001, "val_samples": 2000, "init_samples": 2000, "shuffle_rows": 4096},
+    "sweep": {"rotation": {"methods": ["identity"], "ks": [8]}, "sae": {"methods": ["topk"], "dict_sizes": [64], "ks": [8]}},
+    "methods": {"identity": {}, "topk": {}},
+    "evaluate": {"ks": [8]},
+}
+#: 180,000 training rows of 512 float32 values: 352 MiB; the budget below holds an eighth of that
+FEED_BUDGET_MB, SPLIT_MB = 48, 180_000 * 512 * 4 / 2**20
+
+TRAIN_CHILD = """
+import ctypes, json, sys
+from pathlib import Path
+import yaml
+from pipeline.config import validate_params
+from pipeline.paths import Layout
+from pipeline.training.cell_training import train_cell
+import torch._dynamo  # noqa: F401  imported before the measurement starts (the first optimiser would)
+root, train = Path(sys.argv[1]), json.loads(sys.argv[2])
+raw = yaml.safe_load((root / "params.yaml").read_text()); raw["train"].update(train)
+params = validate_params(raw); layout = Layout(root); cell = params.cells()[-1]
+def status_mb(key):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(key)).split()[1]) / 1024
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+open("/proc/self/clear_refs", "w").write("5")
+start = status_mb("VmHWM")
+train_cell(params, layout, cell)
+timings = json.loads(layout.model_timings(cell.name).read_text())
+print(json.dumps({"start_mb": start, "peak_mb": status_mb("VmHWM"), "feed": timings["feed"]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def feed_project(tmp_path_factory) -> Path:
+    from stages import data, extract
+
+    root = tmp_path_factory.mktemp("feed_memory")
+    (root / "params.yaml").write_text(yaml.safe_dump(FEED_PARAMS, sort_keys=False))
+    params = validate_params(FEED_PARAMS)
+    data.run(params, Layout(root))
+    extract.run(params, Layout(root))
+    return root
+
+
+def train_rss(root: Path, **train) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", TRAIN_CHILD, str(root), json.dumps(train)], env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_budget_smaller_than_the_split_streams_it_and_bounds_the_training_stages_peak_rss(feed_project):
+    streaming = train_rss(feed_project, feed_memory=f"{FEED_BUDGET_MB}MiB")
+    growth = streaming["peak_mb"] - streaming["start_mb"]
+    from pipeline.training.feed import CHUNKS_PER_READ
+
+    samples_mb = 2 * 2000 * 512 * 4 / 2**20  # the validation and initialisation samples, read whatever the mode
+    # reading them: 2 ranges a thread in flight, each its rows and the bytes zarr read (2 MiB chunks)
+    reading_mb = 2 * (os.cpu_count() or 1) * CHUNKS_PER_READ * 2 * 2
+    bound = FEED_BUDGET_MB + samples_mb + reading_mb + 80  # + the model, its optimiser, first-use buffers of torch, allocator slack
+    assert streaming["feed"] == "streaming"
+    assert bound < SPLIT_MB / 2, "the bound must catch a split held in memory"
+    assert growth <= bound, f"streaming grew the RSS by {growth:.0f} MB > {bound:.0f} MB (budget {FEED_BUDGET_MB} MiB)"
+    resident = train_rss(feed_project, feed_memory="1GiB")
+    assert resident["feed"] == "resident" and resident["peak_mb"] - resident["start_mb"] >= SPLIT_MB, "the measurement sees the split"
+    print(f"training: streaming +{growth:.0f} MB (budget {FEED_BUDGET_MB} MiB, bound {bound:.0f}); resident "
+          f"+{resident['peak_mb'] - resident['start_mb']:.0f} MB (split {SPLIT_MB:.0f} MiB)")

@@ -78,6 +78,7 @@ def test_a_dataset_too_small_for_the_evaluation_is_refused_before_anything_is_wr
     _, path = params_for(folders, tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["evaluate"]["cknna_k"] = 10
+    raw["train"]["batch_size"] = 8  # within the 12 training images (a larger batch is refused too: tests/test_feed.py)
     path.write_text(yaml.safe_dump(raw))
     assert cli(["validate", str(path)]) == 2  # counted from the folder listing (the corrupt file still counts there)
     assert capsys.readouterr().err.strip() == (f"error: {path}: data.root: {folders}: 6 test images of kind folders (split [0.5, 0.25, 0.25]); "
@@ -85,6 +86,16 @@ def test_a_dataset_too_small_for_the_evaluation_is_refused_before_anything_is_wr
     assert data_main(["--params", str(path), "--root", str(tmp_path)]) == 2  # counted again once the images are decoded
     assert "5 test images of kind folders" in capsys.readouterr().err
     assert not (tmp_path / "store" / "data").exists()
+
+
+def test_validate_refuses_a_batch_larger_than_the_folders_training_split(folders, tmp_path, capsys):
+    _, path = params_for(folders, tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["train"]["batch_size"] = 13
+    path.write_text(yaml.safe_dump(raw))
+    assert cli(["validate", str(path)]) == 2  # the folder listing gives 12 training images
+    assert capsys.readouterr().err.strip() == (f"error: {path}: train.batch_size: 13 rows per step, but the training split has only 12 rows "
+                                               "(data.split [0.5, 0.25, 0.25]) (training cedar, topk)")
 
 
 def test_missing_root_is_rejected_by_the_schema(tmp_path):

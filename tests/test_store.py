@@ -166,3 +166,21 @@ def test_a_selection_outside_the_store_is_not_reported_as_damage(tmp_path):
     store = write_array(tmp_path / "x.zarr", rows(8), fingerprint={}, chunk_rows=4)
     with pytest.raises(IndexError):
         store.take(np.array([1, 20]))
+
+
+def test_whole_chunks_of_an_uncompressed_store_read_straight_from_their_files_equal_zarrs_read(tmp_path, monkeypatch):
+    """Float rows are stored uncompressed (bytes + CRC-32C); a read of whole chunks bypasses zarr's copies and gives
+    the same rows, the store's last (padded) chunk included; any other read goes through zarr."""
+    from pipeline.store import Store
+
+    x = np.random.default_rng(0).normal(size=(30, 3)).astype(np.float32)
+    store = write_array(tmp_path / "f.zarr", x, fingerprint={}, chunk_rows=8)
+    assert [type(c).__name__ for c in store.array.metadata.codecs] == ["BytesCodec", "Crc32cCodec"] and store._plain
+    assert not write_array(tmp_path / "u.zarr", np.arange(30, dtype=np.uint8).reshape(10, 3), fingerprint={})._plain, "integers: compressed"
+    plain = []
+    original = Store._read_plain
+    monkeypatch.setattr(Store, "_read_plain", lambda self, a, b: plain.append((a, b)) or original(self, a, b))
+    for start, stop in [(0, 30), (8, 16), (16, 30), (24, 30), (0, 8), (3, 17), (0, 29)]:
+        np.testing.assert_array_equal(store.read(start, stop), x[start:stop])
+    assert plain == [(0, 30), (8, 16), (16, 30), (24, 30), (0, 8)], "only whole chunks (or up to the end) take the direct path"
+    np.testing.assert_array_equal(np.concatenate(list(store.read_ranges([(0, 16), (16, 30)], threads=2))), x)

@@ -2,8 +2,9 @@
 
 Each takes a hub id ("openai/clip-vit-base-patch32") or a local folder written by `save_pretrained`,
 loads the model in float32 and eval mode with frozen weights, and implements the `Encoder` protocol:
-`encode_images` takes uint8 arrays (n, H, W, 3) or pixels already preprocessed by `preprocess`
-(float (n, 3, h, w), what the DataLoader path of `pipeline.images` yields) and returns float32 unit rows.
+`encode_images` takes uint8 arrays (n, H, W, 3) (preprocessed as whole batches on the model's device by the
+image processor itself when it is torchvision-backed, transformers' default) or pixels already preprocessed by
+`preprocess` (float (n, 3, h, w), what the DataLoader path of `pipeline.images` yields) and returns float32 unit rows.
 
 Offline: when `HF_HUB_OFFLINE`/`TRANSFORMERS_OFFLINE` is set, or the hub's host does not resolve
 within a second, everything loads with `local_files_only=True`, so a hub id missing from the local cache
@@ -32,7 +33,7 @@ from PIL import Image
 from torch import Tensor
 
 from pipeline.encoders.base import check_batch_size, weights_digest
-from pipeline.encoders.pixels import encode_pixels
+from pipeline.encoders.pixels import DevicePreprocess, encode_pixels, processor_on_device
 from pipeline.encoders.text import check_texts
 from pipeline.training.device import resolve_device
 
@@ -140,7 +141,9 @@ def _pooled(output: Any) -> Tensor:
 
 
 class _HFImageEncoder:
-    """Shared image side: `preprocess`, `input_size` and `encode_images` over a `_features` forward."""
+    """Shared image side: `preprocess` (PIL image by image), `device_preprocess` (the image processor on whole uint8
+    batches on the device, when it is torchvision-backed), `input_size` and `encode_images` over a `_features`
+    forward."""
 
     id: str
     dim: int
@@ -149,12 +152,16 @@ class _HFImageEncoder:
     preprocess: ImageProcessorTransform
     input_size: tuple[int, int] | None
 
+    @property
+    def device_preprocess(self) -> DevicePreprocess | None:
+        return processor_on_device(self.preprocess.processor)
+
     def _features(self, pixels: Tensor) -> Tensor:
         raise NotImplementedError
 
     def encode_images(self, images: np.ndarray | Tensor, batch_size: int = 256) -> np.ndarray:
         """uint8 (n, H, W, 3), or float (n, 3, h, w) already preprocessed by `preprocess` -> float32 (n, dim), unit rows."""
-        return encode_pixels(self._features, images, self.preprocess, batch_size, self.device, self.input_size)
+        return encode_pixels(self._features, images, self.preprocess, batch_size, self.device, self.input_size, self.device_preprocess)
 
 
 def _image_only_error(model_id: str, kind: str) -> TypeError:

@@ -33,7 +33,7 @@ from torch import Tensor
 from pipeline.atomic import atomic_file
 from pipeline.encoders.base import check_batch_size, weights_digest
 from pipeline.encoders.hf import hub_offline, offline_help
-from pipeline.encoders.pixels import encode_pixels
+from pipeline.encoders.pixels import encode_pixels, pil_transform_of
 from pipeline.encoders.text import check_texts
 from pipeline.training.device import resolve_device
 
@@ -98,7 +98,9 @@ class OpenClipEncoder:
     device: "auto" picks cuda when available.
 
     Attributes: `model` (the open_clip model, frozen, eval), `preprocess` (open_clip's inference
-    transform, PIL -> float (3, h, w), picklable for DataLoader workers), `tokenizer`, `input_size` (h, w).
+    transform, PIL -> float (3, h, w), picklable for DataLoader workers), `device_preprocess` (the same transform
+    on uint8 batches on the device, `pipeline.encoders.pixels.PilTransform`; None when open_clip built a transform
+    it does not mirror: images are then preprocessed one by one), `tokenizer`, `input_size` (h, w).
     """
 
     has_text = True
@@ -159,6 +161,7 @@ class OpenClipEncoder:
             logger.warning("open_clip %s: no weights given, the model is randomly initialised", arch)
         self.model = model
         self.preprocess = preprocess
+        self.device_preprocess = pil_transform_of(preprocess)
         self.tokenizer = open_clip.get_tokenizer(arch)
         self.arch = arch
         self.id = f"open_clip:{arch}:{provenance}"
@@ -173,7 +176,7 @@ class OpenClipEncoder:
 
     def encode_images(self, images: np.ndarray | Tensor, batch_size: int = 256) -> np.ndarray:
         """uint8 (n, H, W, 3), or float (n, 3, h, w) already preprocessed by `preprocess` -> float32 (n, dim), unit rows."""
-        return encode_pixels(self._features, images, self.preprocess, batch_size, self.device, self.input_size)
+        return encode_pixels(self._features, images, self.preprocess, batch_size, self.device, self.input_size, self.device_preprocess)
 
     def encode_texts(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
         """n strings -> float32 (n, dim), unit rows (open_clip's tokenizer; long texts are truncated to the context length)."""

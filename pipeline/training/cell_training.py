@@ -1,17 +1,25 @@
 """Training of one grid cell (method x dictionary size x k) on the image embeddings (`train_cell`; the stage
 `stages.cell` runs it, then the evaluation).
 
-Streams shuffled batches of the training split from store/embeddings/images.zarr (a shuffle buffer over chunks,
-never the whole store), validates on the validation split (at most `train.val_samples` rows of it), checkpoints every epoch in store/models/<run>.tmp/ so
-a killed run resumes, and writes the final checkpoint (safetensors + config.json + history.json) to
-store/models/<run>/ (`pipeline.training.sparse.train_sparse`).
+Reads the training split of store/embeddings/images.zarr in the way `pipeline.training.feed.plan_feed` chooses
+(resident on the training device when it fits `train.feed_memory`, else streamed; the validation split's sample of at
+most `train.val_samples` rows and the initialisation sample are read in the same pass), validates after every epoch,
+checkpoints every epoch but the last in store/models/<run>.tmp/ (in a background thread) so a killed run resumes,
+and writes the final checkpoint (safetensors + config.json + history.json) to store/models/<run>/
+(`pipeline.training.sparse.train_sparse`).
 
 A finished checkpoint records the fingerprint of everything its training read (`training_fingerprint`): the
-method, size, k, seed, the method's options and loop settings, the embeddings' fingerprint, the training and
-validation rows, and the source of the training code (`TRAINING_CODE`). When store/models/<run>/ already holds a
+method, size, k, seed, the method's options and loop settings, the feed mode used (resident and streaming draw
+different batches), the embeddings' fingerprint, the training and validation rows, and the source of the training
+code (`TRAINING_CODE`). When store/models/<run>/ already holds a
 checkpoint with the current fingerprint and intact weights (their digest is checked, `pipeline.models.checkpoint`),
 training is skipped and that model is reused, so that re-evaluating a cell (new `evaluate` or `explain` params)
 never retrains it. A damaged checkpoint is retrained with a warning naming it, and replaced.
+
+The wall-clock seconds of each part of the training (`Timings`: the process start before it, the device's start,
+opening and fingerprinting, reading, initialisation, steps, validation, checkpoints, saving) go to
+store/models/<run>.timings.json, beside the checkpoint and not in it: the checkpoint folder is a DVC output whose
+bytes must be the same from run to run, and seconds are not.
 Reads params: seed, train, methods.<method>.
 """
 
@@ -24,20 +32,25 @@ import math
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.atomic import replace_dir
 from pipeline.config import Params
 from pipeline.data.dataset import open_dataset, sample_rows
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
-from pipeline.models.registry import build
+from pipeline.models.registry import build, model_class
 from pipeline.paths import Layout
 from pipeline.provenance import code_digest, digest, rows_digest
 from pipeline.records import write_json
 from pipeline.store import open_store
-from pipeline.training.resume import load_resume, save_resume
+from pipeline.training.device import device_name, resolve_device
+from pipeline.training.feed import FeedPlan, load_rows, plan_feed, streaming_batches
+from pipeline.training.loop import array_batches, preload_optimizer
+from pipeline.training.resume import Checkpoints, load_resume
 from pipeline.training.sparse import train_sparse
 
 log = logging.getLogger(__name__)
@@ -47,13 +60,52 @@ log = logging.getLogger(__name__)
 TRAINING_CODE = ("pipeline/models", "pipeline/training", "pipeline/settings.py", "pipeline/data/dataset.py", "pipeline/store.py")
 
 
-def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray) -> str:
-    """Digest of every input of one cell's training: equal fingerprints train equal models."""
+#: loop settings that do not change the batches by themselves (the feed mode they lead to is fingerprinted instead)
+FEED_SETTINGS = ("feed", "feed_memory", "shuffle_rows")
+
+
+def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray, feed: FeedPlan) -> str:
+    """Digest of every input of one cell's training: equal fingerprints train equal models. The memory settings
+    enter through what they decide, `feed.identity` (the mode, and streaming's shuffle window)."""
+    settings = dataclasses.asdict(params.train_settings(cell.method))
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
-        "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
-        "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)], "code": code_digest(TRAINING_CODE),
+        "options": params.method_options(cell.method), "train": {k: v for k, v in settings.items() if k not in FEED_SETTINGS},
+        "feed": feed.identity, "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)],
+        "code": code_digest(TRAINING_CODE),
     })
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (the interpreter, its imports, reading params before the caller)."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+class Timings:
+    """Wall-clock seconds of the named parts of a training, in order (`part(name)` times the code after it up to the
+    next part)."""
+
+    def __init__(self) -> None:
+        self.start = self.mark = time.perf_counter()
+        self.seconds: dict[str, float] = {"process_start": process_seconds()}
+        self.name: str | None = None
+
+    def part(self, name: str | None) -> None:
+        now = time.perf_counter()
+        if self.name is not None:
+            self.seconds[self.name] = self.seconds.get(self.name, 0.0) + now - self.mark
+        self.name, self.mark = name, now
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        """The parts (seconds, rounded to ms), the total of this function's work, and `extra`."""
+        self.part(None)
+        total = time.perf_counter() - self.start
+        steps = self.seconds.get("steps", 0.0)
+        return {"seconds": {k: round(v, 3) for k, v in self.seconds.items()} | {"total": round(total, 3)},
+                "steps_share": round(steps / total, 3) if total > 0 else None,
+                "steps_share_with_process_start": round(steps / (total + self.seconds["process_start"]), 3) if total > 0 else None, **extra}
 
 
 def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
@@ -80,32 +132,56 @@ def reusable(directory: Path, fingerprint: str, history: Path) -> bool:
 
 def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
     """Train the cell (or reuse its up-to-date checkpoint); returns the checkpoint directory store/models/<run>."""
+    timings = Timings()
+    timings.part("open")
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
     embeddings = open_store(layout.image_embeddings)
     train_rows, val_rows = data.rows("train"), sample_rows(data.rows("val"), settings.val_samples, params.seed)
     if len(embeddings) != len(data.split):
         raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
+    timings.part("device")
+    device = resolve_device(settings.device)
+    if device.type == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device=device)  # the context and the allocator start here, not inside the first step
+    timings.part("open")
+    row_bytes = int(np.prod(embeddings.shape[1:])) * 4
+    if model_class(cell.method).trainable:
+        feed = plan_feed(settings, len(train_rows), row_bytes, embeddings.chunk_rows, device)
+    else:
+        feed = FeedPlan("none", 0, 0, 0, "no optimiser steps: the basis is fitted on the initialisation sample")
     out = layout.model(cell.name)
-    fingerprint = training_fingerprint(params, cell, embeddings.attrs.get("fingerprint"), train_rows, val_rows)
+    fingerprint = training_fingerprint(params, cell, embeddings.attrs.get("fingerprint"), train_rows, val_rows, feed)
     if reusable(out, fingerprint, layout.model_history(cell.name)):
         log.info("%s: reusing %s (trained from the same inputs, fingerprint %s)", cell.name, out, fingerprint)
         return out
+    log.info("%s: %s", cell.name, feed.why)
+    preload_optimizer()  # overlaps the reading below
+    timings.part("read")
     init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
+    if feed.mode == "resident":
+        rows = load_rows(embeddings, {"train": train_rows, "val": val_rows}, device)
+        init = rows["train"].index_select(0, torch.from_numpy(np.searchsorted(train_rows, init_rows)).to(device))
+        batches = array_batches(rows["train"], settings.batch_size, params.seed)
+    else:
+        rows = load_rows(embeddings, {"init": init_rows, "val": val_rows}, device)
+        init = rows["init"]
+        batches = streaming_batches(embeddings, train_rows, settings.batch_size, params.seed, feed.window_chunks, device) \
+            if feed.mode == "streaming" else lambda epoch: iter(())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timings.part("build")
     model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
     work = layout.model_work(cell.name)
-    start = time.perf_counter()
-    result = train_sparse(
-        model,
-        embeddings.shuffled_batches(settings.batch_size, params.seed, rows=train_rows),
-        math.ceil(len(train_rows) / settings.batch_size),
-        embeddings.take(init_rows),
-        embeddings.take(val_rows),
-        settings,
-        params.seed,
-        save_state=lambda m, o, s, b: save_resume(work, m, o, s, b, fingerprint),
-        load_state=lambda m, o: load_resume(work, m, o, fingerprint),
-    )
+    checkpoints = Checkpoints(work, fingerprint)
+    timings.part("train")
+    try:
+        result = train_sparse(model, batches, math.ceil(len(train_rows) / settings.batch_size), init, rows["val"], settings, params.seed,
+                              save_state=checkpoints.save, load_state=lambda m, o: load_resume(work, m, o, fingerprint))
+    finally:
+        checkpoints.close()
+    timings.part("save")
     final = out.with_name(out.name + ".final")
     if final.exists():
         shutil.rmtree(final)
@@ -116,5 +192,12 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
                {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
     replace_dir(final, out)
     shutil.rmtree(work, ignore_errors=True)
-    log.info("%s: trained in %.1fs (best epoch %d)", cell.name, time.perf_counter() - start, result.best_epoch)
+    trained = timings.seconds.pop("train")  # split into the parts train_sparse timed itself
+    timings.seconds.update({key: value for key, value in result.timings.items() if key != "steps_run"})
+    timings.seconds["train_other"] = max(0.0, trained - sum(v for k, v in result.timings.items() if k != "steps_run"))
+    record = timings.record(run=cell.name, device=device_name(device), feed=feed.mode, feed_why=feed.why, steps=int(result.timings.get("steps_run", 0)),
+                            batch_size=settings.batch_size)
+    write_json(layout.model_timings(cell.name), record)
+    log.info("%s: trained in %.1fs (best epoch %d; %s)", cell.name, record["seconds"]["total"], result.best_epoch,
+             ", ".join(f"{k} {v:.2f}s" for k, v in record["seconds"].items() if k != "total"))
     return out

@@ -14,8 +14,10 @@ The loop knows nothing about files or about what it trains. It needs
 Per step: `loss, stats = module.training_loss(batch, progress, generator)`, backward, gradient-norm clipping,
 `before_step()`, AdamW step (weight decay on weight matrices only; with `weight_decay = 0` it is Adam), `after_step()`,
 then the learning-rate schedule (`pipeline.training.schedule.lr_factor`: linear warm-up, cosine decay to
-`min_lr_frac * lr`). On a GPU, batches are copied from pinned host memory one batch ahead (`prefetched`), and
-`precision: bf16` runs the forward pass and the loss under bfloat16 autocast where the module allows it. `progress` in [0, 1] is the fraction of planned steps done (it drives curricula such as
+`min_lr_frac * lr`). On a GPU, host batches are copied from pinned host memory one batch ahead (`prefetched`; batches
+already on the device, as `array_batches` gathers from a device tensor, pass through), no step waits for the device
+(the non-finite-loss check reads a flag copied back 20 steps earlier; the statistics stay on the device until the
+epoch ends), and `precision: bf16` runs the forward pass and the loss under bfloat16 autocast where the module allows it. `progress` in [0, 1] is the fraction of planned steps done (it drives curricula such as
 CEDAR's dense-to-sparse k without the module knowing the loop); `generator` is seeded per epoch for any
 randomness inside the loss.
 
@@ -24,13 +26,18 @@ epoch's weights, stops after `patience` epochs without improvement and restores 
 `accept(record)` can refuse an epoch as "best" (e.g. an SAE denser than its target L0) and `patience_from` makes
 early epochs not count (before a curriculum has reached its target the monitored value need not improve).
 Epoch checkpoints go through two callbacks (`save_state`, `load_state`, see `pipeline.training.resume`).
+The result carries the wall-clock seconds of the steps, the validations and the checkpoints (`TrainResult.timings`;
+never in the history, which must be the same from run to run).
 The global torch RNG is left as it was: the loop seeds a forked RNG with `seed` (dropout, sampling).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,12 +100,15 @@ class TrainState:
 
 @dataclass
 class TrainResult:
-    """The trained module (eval mode) and its per-epoch history; best_epoch is 1-based (-1: none was accepted)."""
+    """The trained module (eval mode) and its per-epoch history; best_epoch is 1-based (-1: none was accepted).
+    timings: wall-clock seconds of this run's "steps", "validation" and "checkpoint" (and "steps_run", the steps it
+    made: fewer than the budget after a resume)."""
 
     module: nn.Module
     history: list[dict[str, float]]
     best_epoch: int
     stopped_early: bool
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 SaveState = Callable[[nn.Module, torch.optim.Optimizer, TrainState, dict[str, Tensor]], None]
@@ -143,6 +153,15 @@ def use_bf16(module: nn.Module, settings: TrainSettings, device: torch.device) -
     return True
 
 
+def preload_optimizer() -> threading.Thread:
+    """Start importing, in a background thread, what the first optimiser of a process imports (torch's optimisers
+    import torch._dynamo on first use: 1-4 s here), so that a stage does it while it reads its data. Joined by
+    nothing: the optimiser's own import waits for it if it is still running."""
+    thread = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="preload-optimizer", daemon=True)
+    thread.start()
+    return thread
+
+
 def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW with weight decay on parameters of two or more dimensions only (biases, gains, scalars undecayed)."""
     params = [p for p in module.parameters() if p.requires_grad]
@@ -167,7 +186,7 @@ def fit(
     steps_per_epoch: batches `batches(epoch)` yields (sizes the schedule). seed: seeds the forked torch RNG and the
     per-epoch generators. save_state(module, optimizer, state, best_weights) runs after every epoch;
     load_state(module, optimizer) restores both in place and returns (state, best_weights) to resume after that
-    epoch, or None.
+    epoch, or None (it is not called after the last epoch).
     """
     name = name or type(module).__name__
     device = resolve_device(settings.device)
@@ -188,6 +207,8 @@ def fit(
         schedule.last_epoch = state.step
     monitor = validation.monitor if validation is not None else None
     stopped_early = False
+    timings = {"steps": 0.0, "validation": 0.0, "checkpoint": 0.0, "steps_run": 0.0}
+    first_step = state.step
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
@@ -195,13 +216,17 @@ def fit(
         module.train()
         for epoch in range(state.epoch, epochs):
             generator.manual_seed(seed * 1_000_003 + epoch)
+            clock = time.perf_counter()
             record = _epoch(module, batches(epoch), steps_per_epoch, optimizer, schedule, settings, state, total, generator, device,
-                            f"{name} epoch {epoch + 1}/{epochs}", bf16)
+                            f"{name} epoch {epoch + 1}/{epochs}", bf16)  # ends by reading its statistics back: the device is done
+            timings["steps"] += time.perf_counter() - clock
             if validation is not None:
+                clock = time.perf_counter()
                 module.eval()
                 with torch.no_grad():
                     record.update(validation.run())
                 module.train()
+                timings["validation"] += time.perf_counter() - clock
             record = {"epoch": epoch + 1, **record}
             state.history.append(record)
             state.epoch = epoch + 1
@@ -213,10 +238,14 @@ def fit(
                     best_weights = copy.deepcopy(module.state_dict())
                 elif state.step / total >= validation.patience_from:
                     state.bad_epochs += 1
-            if save_state:
+            stopped_early = monitor is not None and state.bad_epochs >= settings.patience
+            if save_state and not stopped_early and state.step < total and epoch + 1 < epochs:
+                # (none after the last epoch: the caller saves the result at once, and a run killed before that
+                # resumes from the epoch before and recomputes the same last epoch)
+                clock = time.perf_counter()
                 save_state(module, optimizer, state, best_weights)
-            if monitor is not None and state.bad_epochs >= settings.patience:
-                stopped_early = True
+                timings["checkpoint"] += time.perf_counter() - clock
+            if stopped_early:
                 log.info("%s: early stop after epoch %d (best %d)", name, epoch + 1, state.best_epoch)
                 break
             if state.step >= total:
@@ -228,7 +257,8 @@ def fit(
         module.load_state_dict(best_weights)
     elif state.best_epoch < 0:
         log.warning("%s: no epoch was accepted by its validation; keeping the last one", name)
-    return TrainResult(module.eval(), state.history, state.best_epoch, stopped_early)
+    timings["steps_run"] = float(state.step - first_step)
+    return TrainResult(module.eval(), state.history, state.best_epoch, stopped_early, timings)
 
 
 def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: torch.optim.Optimizer, schedule: Any,
@@ -236,9 +266,10 @@ def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: tor
            desc: str, bf16: bool = False) -> dict[str, float]:
     """One pass over `batches` (or up to the step budget `total`); returns the epoch means of the loss and stats
     ("train_<name>") and the last lr."""
-    sums: dict[str, Tensor] = {}  # summed on the device; read back once per epoch (and for the progress bar)
+    sums: dict[str, Tensor] = {}  # summed on the device; read back once per epoch (and for a progress bar on a terminal)
     n_batches = 0
     finite = torch.ones((), dtype=torch.bool, device=device)  # all losses so far finite (kept on the device)
+    check = FiniteCheck(device)
     bar = tqdm(prefetched(batches, device), total=min(steps, total - state.step), desc=desc, leave=False, disable=None)
     for batch in bar:
         if state.step >= total:
@@ -246,9 +277,8 @@ def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: tor
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, stats = module.training_loss(batch, min(1.0, state.step / total), generator)  # type: ignore[operator]
         finite &= torch.isfinite(loss.detach())
-        # reading the flag back synchronises with the device: every step on the CPU, every 20 steps on a GPU
-        if (device.type == "cpu" or state.step % 20 == 0) and not bool(finite):
-            raise FloatingPointError(f"{desc}: loss became non-finite ({float(loss)}) by step {state.step}; lower the learning rate")
+        if not check(finite, state.step):
+            raise FloatingPointError(f"{desc}: loss became non-finite by step {state.step}; lower the learning rate")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if settings.grad_clip > 0:
@@ -261,7 +291,7 @@ def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: tor
         n_batches += 1
         for key, value in {"loss": loss, **stats}.items():
             sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float()
-        if n_batches % 20 == 1:
+        if n_batches % 20 == 1 and not bar.disable:  # reading the sums back waits for the device: only for a visible bar
             bar.set_postfix({key: f"{float(value) / n_batches:.4g}" for key, value in sums.items()})
     if not bool(finite):
         raise FloatingPointError(f"{desc}: loss became non-finite by step {state.step}; lower the learning rate")
@@ -270,11 +300,51 @@ def _epoch(module: nn.Module, batches: Iterator[Any], steps: int, optimizer: tor
     return record
 
 
-def array_batches(x: np.ndarray, batch_size: int, seed: int) -> BatchSource:
-    """Shuffled mini-batches of an in-memory array (n, ...); the order depends only on (seed, epoch)."""
+class FiniteCheck:
+    """Whether every loss so far was finite, from a flag kept on the device (`finite`, a bool tensor). On the CPU it
+    is read every step; on a GPU every `every` steps it is copied to page-locked host memory without waiting, and
+    the copy made `every` steps earlier is read then (long finished), so no step waits for the device. A non-finite
+    loss is thus reported at most 2 x `every` steps late on a GPU, and the epoch's end reads the flag itself."""
 
-    def batches(epoch: int) -> Iterator[np.ndarray]:
+    def __init__(self, device: torch.device, every: int = 20) -> None:
+        self.every = every
+        self.gpu = device.type == "cuda"
+        self.host = torch.ones((), dtype=torch.bool).pin_memory() if self.gpu else None
+        self.copied: Any = None
+
+    def __call__(self, finite: Tensor, step: int) -> bool:
+        if not self.gpu:
+            return bool(finite)
+        if step % self.every:
+            return True
+        ok = True
+        if self.copied is not None:
+            self.copied.synchronize()  # recorded `every` steps ago: already complete
+            ok = bool(self.host)
+        self.host.copy_(finite, non_blocking=True)  # type: ignore[union-attr]
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        return ok
+
+
+def array_batches(x: np.ndarray | Tensor, batch_size: int, seed: int) -> BatchSource:
+    """Shuffled mini-batches of in-memory rows x (n, ...), a numpy array or a tensor on any device: each epoch is a
+    full permutation drawn by numpy's generator seeded by (seed, epoch), cut into batches of `batch_size` (the last
+    one shorter), each batch's rows taken in ascending row order (the same set of rows, read in storage order: a
+    gather about twice as fast on the CPU). Every device gets the same batches; a tensor's batches are index gathers
+    on its device (the epoch's indices are copied there once)."""
+
+    def batches(epoch: int) -> Iterator[Any]:
         order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        n_full = len(order) // batch_size * batch_size
+        order[:n_full] = np.sort(order[:n_full].reshape(-1, batch_size), axis=1).reshape(-1)
+        order[n_full:] = np.sort(order[n_full:])
+        if isinstance(x, Tensor):
+            index = torch.from_numpy(order)
+            index = index.pin_memory().to(x.device, non_blocking=True) if x.device.type == "cuda" else index.to(x.device)
+            for start in range(0, len(order), batch_size):
+                yield x.index_select(0, index[start : start + batch_size])
+            return
         for start in range(0, len(order), batch_size):
             yield x[order[start : start + batch_size]]
 

@@ -3,9 +3,40 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import ByteSize, PlainValidator, TypeAdapter, ValidationError
 
 from pipeline.settings import Device, Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, PositiveOrAuto, settings
+
+_BYTES = TypeAdapter(ByteSize)
+
+
+def _memory(value: object) -> float | str:
+    """A fraction in (0, 1] (a float or an int 1), or a size with a unit as a string ("8GiB", "512MB")."""
+    if isinstance(value, str):
+        try:
+            size = int(_BYTES.validate_python(value))
+        except ValidationError:
+            size = 0
+        if size < 1 or not any(c.isalpha() for c in value):
+            raise ValueError(f"expected a fraction of free memory in (0, 1] or a size with a unit such as '8GiB', got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"expected a fraction of free memory in (0, 1] or a size with a unit such as '8GiB', got {value!r}")
+    return float(value)
+
+
+#: batches a training stage may hold at once besides its data (the streaming reader's queue and the two in use)
+BATCHES_IN_FLIGHT = 6
+
+#: `TrainSettings.feed_memory`: a fraction of the training device's free memory, or a size ("8GiB")
+Memory = Annotated[float | str, PlainValidator(_memory)]
+
+
+def memory_bytes(memory: float | str, free: int) -> int:
+    """The bytes `memory` (a `Memory` value) allows on a device with `free` bytes free."""
+    return int(_BYTES.validate_python(memory)) if isinstance(memory, str) else int(memory * free)
 
 
 @settings
@@ -28,6 +59,15 @@ class TrainSettings:
     pass and the loss under bfloat16 autocast on a GPU (weights, optimiser state and gradients stay float32; no loss
     scaling is needed with bfloat16); it is ignored on the CPU and by modules that are not safe in bfloat16
     (`autocast_safe = False`: the rotation models, whose matrix exponential / Cayley map needs float32).
+    feed: how a stage's training split reaches the steps (the training stage of the sparse models; components
+    trained on in-memory arrays ignore it; `pipeline.training.feed`): "resident" reads the split once into memory on
+    the training device and draws each epoch as a seeded full permutation, batches gathered there; "streaming" reads
+    it from the store in a background thread pool, shuffled within windows of `shuffle_rows` rows (a weaker
+    shuffle: another order than resident's); "auto" is resident when the split fits `feed_memory`, else streaming.
+    The mode used is part of the training fingerprint. feed_memory: what the training data may hold on the training
+    device: a fraction of its free memory when the stage starts (GPU memory on a GPU, available RAM on the CPU), or
+    a size ("8GiB", "512MB"); streaming keeps its windows and batches in flight within it. shuffle_rows: rows of
+    one streaming shuffle window (chunk order permuted per epoch, rows permuted within a window).
     Defaults: the published SAE settings (Adam, batch 256; lr 5e-4 at scale) with the budget rule for small data.
     """
 
@@ -45,3 +85,6 @@ class TrainSettings:
     max_steps: PositiveInt | None = None
     device: Device = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
+    feed: Literal["auto", "resident", "streaming"] = "auto"
+    feed_memory: Memory = 0.5
+    shuffle_rows: PositiveInt = 131_072

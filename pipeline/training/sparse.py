@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -34,50 +35,73 @@ from pipeline.training.options import TrainSettings
 log = logging.getLogger(__name__)
 
 @torch.no_grad()
-def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
-    """FVU (float64, dataset level), mean L0 and dead fraction of `model` at its own k on x_val (n_val, d)."""
-    sse = 0.0
+def validate(model: SparseModel, x_val: torch.Tensor, batch_size: int = 4096, centred: float | None = None) -> dict[str, float]:
+    """FVU (float64, dataset level), mean L0 and dead fraction of `model` at its own k on x_val (n_val, d). The sums
+    stay on x_val's device and are read back once; squares are summed in float64 without a float64 copy of the
+    rows (`vector_norm`'s own accumulation). centred: x_val's total squared deviation from its mean
+    (`centred_sum_of_squares`), computed here when not given (a loop validating every epoch passes it once)."""
+    sse = torch.zeros((), dtype=torch.float64, device=x_val.device)
+    l0 = torch.zeros((), dtype=torch.float64, device=x_val.device)
     ever_active = torch.zeros(model.n_latents, dtype=torch.bool, device=x_val.device)
-    l0 = 0.0
     for start in range(0, len(x_val), batch_size):
         xb = x_val[start : start + batch_size]
         codes = model.encode(xb)
-        sse += float(((model.decode(codes) - xb).double() ** 2).sum())
+        sse += torch.linalg.vector_norm(model.decode(codes) - xb, dtype=torch.float64) ** 2
         active = codes != 0
-        l0 += float(active.sum())
+        l0 += active.sum()
         ever_active |= active.any(0)
-    centred = float(((x_val.double() - x_val.double().mean(0)) ** 2).sum())
-    return {"val_fvu": sse / max(centred, 1e-30), "val_l0": l0 / len(x_val), "val_dead_fraction": float((~ever_active).float().mean())}
+    centred = centred_sum_of_squares(x_val) if centred is None else centred
+    sse_, l0_, dead = torch.stack([sse, l0, (~ever_active).double().mean()]).tolist()
+    return {"val_fvu": sse_ / max(centred, 1e-30), "val_l0": l0_ / len(x_val), "val_dead_fraction": dead}
+
+
+@torch.no_grad()
+def centred_sum_of_squares(x: torch.Tensor, batch_size: int = 4096) -> float:
+    """sum over rows and columns of (x - column mean)^2, in float64 (block by block, without a float64 copy of x):
+    the denominator of the dataset-level FVU."""
+    mean = x.mean(0, dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, len(x), batch_size):
+        total += torch.linalg.vector_norm(x[start : start + batch_size] - mean, dtype=torch.float64) ** 2
+    return float(total)
 
 
 def train_sparse(
     model: SparseModel,
     batches: BatchSource,
     steps_per_epoch: int,
-    init_sample: np.ndarray,
-    x_val: np.ndarray,
+    init_sample: np.ndarray | torch.Tensor,
+    x_val: np.ndarray | torch.Tensor,
     settings: TrainSettings,
     seed: int,
     save_state: SaveState | None = None,
     load_state: LoadState | None = None,
 ) -> TrainResult:
-    """Initialise `model` from init_sample (m, d) and train it; validation on x_val (n_val, d) picks the epoch kept."""
+    """Initialise `model` from init_sample (m, d) and train it; validation on x_val (n_val, d) picks the epoch kept.
+    Arrays or tensors (on any device: they are moved to the training device). The result's timings add "init" and
+    "finish" (seconds of the initialisation and of the post-training correction) to the loop's."""
     device = resolve_device(settings.device)
+    clock = time.perf_counter()
     model.to(device)
     init = torch.as_tensor(init_sample, dtype=torch.float32, device=device)
     model.fit_init(init)
     x_val_t = torch.as_tensor(x_val, dtype=torch.float32, device=device)
+    init_seconds = time.perf_counter() - clock
     if not model.trainable:
         model.eval()
+        clock = time.perf_counter()
         record = {"epoch": 0, **validate(model, x_val_t)}
         log.info("%s: no training needed (val FVU %.4f)", model.method, record["val_fvu"])
-        return TrainResult(model, [record], 0, False)
-    validation = Validation(run=lambda: validate(model, x_val_t), monitor="val_fvu",
+        return TrainResult(model, [record], 0, False, {"init": init_seconds, "validation": time.perf_counter() - clock})
+    centred = centred_sum_of_squares(x_val_t)
+    validation = Validation(run=lambda: validate(model, x_val_t, centred=centred), monitor="val_fvu",
                             accept=lambda record: model.acceptable(record["val_l0"]), patience_from=model.curriculum_end)
     result = fit(model, batches, steps_per_epoch, settings, seed, validation, save_state, load_state, name=model.method)
     if result.best_epoch < 0:
         log.warning("%s: no epoch met the model's sparsity target; keeping the last one", model.method)
+    clock = time.perf_counter()
     model.finish(init)
+    result.timings.update(init=init_seconds, finish=time.perf_counter() - clock)
     return result
 
 
