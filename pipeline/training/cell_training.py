@@ -7,7 +7,8 @@ a killed run resumes, and writes the final checkpoint (safetensors + config.json
 store/models/<run>/ (`pipeline.training.sparse.train_sparse`).
 
 A finished checkpoint records the fingerprint of everything its training read (`training_fingerprint`): the
-method, size, k, seed, the method's options and loop settings, the embeddings' fingerprint, the training and
+method, size, k, seed, the method's options and loop settings (every candidate of a learning-rate axis,
+`pipeline.training.lr_axis`), the embeddings' fingerprint, the training and
 validation rows, and the source of the training code (`TRAINING_CODE`). When store/models/<run>/ already holds a
 checkpoint with the current fingerprint and intact weights (their digest is checked, `pipeline.models.checkpoint`),
 training is skipped and that model is reused, so that re-evaluating a cell (new `evaluate` or `explain` params)
@@ -37,6 +38,9 @@ from pipeline.paths import Layout
 from pipeline.provenance import code_digest, digest, rows_digest
 from pipeline.records import write_json
 from pipeline.store import open_store
+from pipeline.training.loop import TrainResult
+from pipeline.training.lr_axis import train_lr_axis
+from pipeline.training.options import TrainSettings
 from pipeline.training.resume import load_resume, save_resume
 from pipeline.training.sparse import train_sparse
 
@@ -51,7 +55,7 @@ def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_r
     """Digest of every input of one cell's training: equal fingerprints train equal models."""
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
-        "options": params.method_options(cell.method), "train": dataclasses.asdict(params.train_settings(cell.method)),
+        "options": params.method_options(cell.method), "train": [dataclasses.asdict(s) for s in params.train_candidates(cell.method)],
         "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)], "code": code_digest(TRAINING_CODE),
     })
 
@@ -92,20 +96,25 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
         log.info("%s: reusing %s (trained from the same inputs, fingerprint %s)", cell.name, out, fingerprint)
         return out
     init_rows = sample_rows(train_rows, settings.init_samples, params.seed)
-    model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
-    work = layout.model_work(cell.name)
     start = time.perf_counter()
-    result = train_sparse(
-        model,
-        embeddings.shuffled_batches(settings.batch_size, params.seed, rows=train_rows),
-        math.ceil(len(train_rows) / settings.batch_size),
-        embeddings.take(init_rows),
-        embeddings.take(val_rows),
-        settings,
-        params.seed,
-        save_state=lambda m, o, s, b: save_resume(work, m, o, s, b, fingerprint),
-        load_state=lambda m, o: load_resume(work, m, o, fingerprint),
-    )
+
+    def train_one(settings: TrainSettings, work: Path) -> TrainResult:  # one run of the learning-rate axis
+        model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
+        return train_sparse(
+            model,
+            embeddings.shuffled_batches(settings.batch_size, params.seed, rows=train_rows),
+            math.ceil(len(train_rows) / settings.batch_size),
+            embeddings.take(init_rows),
+            embeddings.take(val_rows),
+            settings,
+            params.seed,
+            save_state=lambda m, o, s, b: save_resume(work, m, o, s, b, fingerprint),
+            load_state=lambda m, o: load_resume(work, m, o, fingerprint),
+        )
+
+    work = layout.model_work(cell.name)
+    choice = train_lr_axis(params.train_candidates(cell.method), train_one, work, fingerprint)
+    result, settings = choice.result, choice.settings
     final = out.with_name(out.name + ".final")
     if final.exists():
         shutil.rmtree(final)
@@ -113,7 +122,7 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
                   "train": dataclasses.asdict(settings), "fingerprint": fingerprint}
     save_model(result.module.cpu(), final, provenance)
     write_json(final / layout.model_history(cell.name).name,
-               {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
+               {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early, **choice.record})
     replace_dir(final, out)
     shutil.rmtree(work, ignore_errors=True)
     log.info("%s: trained in %.1fs (best epoch %d)", cell.name, time.perf_counter() - start, result.best_epoch)

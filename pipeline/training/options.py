@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationError
 
 from pipeline.settings import Device, Fraction, NonNegativeFloat, NonNegativeInt, PositiveInt, PositiveOrAuto, settings
 
@@ -45,3 +47,29 @@ class TrainSettings:
     max_steps: PositiveInt | None = None
     device: Device = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
+
+
+_LR = TypeAdapter(PositiveOrAuto)
+
+
+def lr_axis(value: Any) -> tuple[float | str, ...]:
+    """The learning rates a `train.lr` entry asks for: a list (a sparse model's learning-rate axis, params.yaml
+    `methods.<m>.train.lr: [..]`; each candidate is trained and the best kept on the validation split,
+    `pipeline.training.lr_axis`) or one value (an axis of one). Each must be a number > 0 or "auto"; a list must be
+    non-empty, without repeats. ValueError with one line per problem, each starting with the item it names (`[i]: `,
+    or `: ` for the entry as a whole)."""
+    listed = isinstance(value, (list, tuple))
+    if listed and not value:
+        raise ValueError(": expected at least one learning rate, got an empty list")
+    problems, values = [], []
+    for i, item in enumerate(value if listed else [value]):
+        try:
+            values.append(_LR.validate_python(item))
+        except ValidationError as e:
+            problems.append(f"{f'[{i}]' if listed else ''}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        problems.append(f": learning rates listed twice: {', '.join(repeated)}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return tuple(values)
