@@ -30,8 +30,8 @@ from pipeline.training.options import TrainSettings
 
 log = logging.getLogger(__name__)
 
-#: train one candidate: (its loop settings, the folder for its epoch checkpoints) -> the trained run
-TrainOne = Callable[[TrainSettings, Path], TrainResult]
+#: train one candidate: (its loop settings, the folder for its epoch checkpoints or None) -> the trained run
+TrainOne = Callable[[TrainSettings, "Path | None"], TrainResult]
 
 HISTORY_FILE = "history.json"
 
@@ -64,9 +64,9 @@ def summary(settings: TrainSettings, result: TrainResult) -> dict[str, Any]:
             "stopped_early": result.stopped_early, "history": result.history}
 
 
-def train_lr_axis(candidates: Sequence[TrainSettings], train_one: TrainOne, work: Path, fingerprint: str) -> Choice:
+def train_lr_axis(candidates: Sequence[TrainSettings], train_one: TrainOne, work: Path | None = None, fingerprint: str = "") -> Choice:
     """Train every candidate (see the module docstring) and keep the best; `work` holds the epoch checkpoints (with
-    one candidate, `work` itself, exactly as without an axis)."""
+    one candidate, `work` itself, exactly as without an axis; None: in memory, nothing saved or resumed)."""
     if not candidates:
         raise ValueError("train_lr_axis: no candidate settings")
     if len(candidates) == 1:
@@ -74,14 +74,15 @@ def train_lr_axis(candidates: Sequence[TrainSettings], train_one: TrainOne, work
         return Choice(result, candidates[0], {"lr": candidates[0].lr, "lr_axis": [summary(candidates[0], result)]})
     results = []
     for i, settings in enumerate(candidates):
-        done = work / f"lr-{i}.done"
-        result = _finished(done, fingerprint, settings)
+        done = work / f"lr-{i}.done" if work is not None else None
+        result = _finished(done, fingerprint, settings) if done is not None else None
         if result is None:
             log.info("learning-rate axis: candidate %d of %d, lr %s", i + 1, len(candidates), settings.lr)
-            result = train_one(settings, work / f"lr-{i}")
+            result = train_one(settings, work / f"lr-{i}" if work is not None else None)
             result.module.cpu()
-            save_model(result.module, done, {"fingerprint": fingerprint, "lr": settings.lr})  # type: ignore[arg-type]
-            write_json(done / HISTORY_FILE, {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
+            if done is not None:
+                save_model(result.module, done, {"fingerprint": fingerprint, "lr": settings.lr})  # type: ignore[arg-type]
+                write_json(done / HISTORY_FILE, {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
         results.append(result)
     best = min(range(len(results)), key=lambda i: rank(results[i]))
     log.info("learning-rate axis: kept lr %s (validation FVU %s)", candidates[best].lr,
