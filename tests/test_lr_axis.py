@@ -138,7 +138,8 @@ def test_a_damaged_finished_candidate_is_trained_again_with_a_warning(tmp_path, 
     work = tmp_path / "work"
     train_lr_axis([TrainSettings(lr=lr) for lr in outcomes], fake_axis(outcomes)[0], work, "fp")
     weights = work / "lr-0.done" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:]))
     train_one, calls = fake_axis(outcomes)
     train_lr_axis([TrainSettings(lr=lr) for lr in outcomes], train_one, work, "fp")
     assert [c for c, _ in calls] == [0.001] and "lr-0.done: finished candidate cannot be reused" in caplog.text
