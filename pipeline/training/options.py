@@ -21,7 +21,7 @@ class TrainSettings:
     weight_decay: decoupled weight decay on weight matrices (0 = Adam). warmup_frac: fraction of the steps of
     linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
     norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
-    with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
+    with a monitored validation only; a sparse model counts them only after its `min_steps`). init_samples: rows of the sample a sparse model's data-dependent
     initialisation sees (means, PCA, thresholds). val_samples: rows of the validation split a sparse model is
     validated on after each epoch (a seeded subsample, so validation memory does not grow with the dataset).
     max_steps: stop after this many optimiser steps in all (None: every batch of every epoch; it wins over
