@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root: tests/ holds the reference decoder
 
-from pipeline.data.world.captions import attribute_phrases
 from pipeline.data.world.scenes import generate_multi, generate_objects
+from pipeline.data.world.texts import attribute_phrases
 from pipeline.explain.decoder import decode_captions, train_decoder
+from pipeline.explain.explanations import Concepts, KindData, explain_run
 from pipeline.explain.options import DecoderSettings, ExplainSettings
-from pipeline.explain.run import Concepts, KindData, explain_run
 from pipeline.models.registry import build
 from tests.test_explain_captions import greedy_by_full_forward  # the uncached reference decoder
 

@@ -76,7 +76,7 @@ def synthetic_sparse(n: int, n_latents: int, n_attributes: int, k: int, seed: in
 
 
 def reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int) -> list[list[int]]:
-    """SPEC.md B pseudo-code, one sklearn fbeta_score call per latent per step per attribute."""
+    """The FBMP pseudo-code of docs/science.md §3, one sklearn fbeta_score call per latent per step per attribute."""
     coalitions = []
     for a in range(labels.shape[1]):
         y = labels[:, a]

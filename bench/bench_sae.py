@@ -2,7 +2,7 @@
 
     python bench/bench_sae.py [--d 512] [--dict 4096] [--k 32] [--batch 256] [--steps 20] [--device auto]
 
-For each SAE method, times full training steps as `pipeline.train` runs them (training_loss,
+For each SAE method, times full training steps as `pipeline.training.loop` runs them (training_loss,
 backward, gradient clipping, before_step, Adam step, after_step) on random Gaussian inputs and
 prints embeddings/s. In the same run it measures a plain float32 (n x n) @ (n x n) matmul
 (GFLOP/s) and reports the fraction of it the TopK step reaches, counting the six dense matmuls of

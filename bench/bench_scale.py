@@ -88,7 +88,7 @@ def child(stage: str, root: Path) -> dict[str, Any]:
         train_cell(p, layout, cell)
         return {"seconds": time.perf_counter() - start, "rows": args_steps(p) * settings.batch_size}
     if stage == "evaluate":
-        import pipeline.scoring.cell as scoring_cell
+        import pipeline.scoring.cell_evaluation as scoring_cell
         from pipeline.scoring.codes import open_codes
         from stages import evaluate
 

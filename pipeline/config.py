@@ -6,8 +6,11 @@ torch, scikit-learn or zarr): `data` (`pipeline.data.options`), `encoder` (`pipe
 `EmbeddedSettings` or `PretrainedSettings`), `train` (`pipeline.training.options.TrainSettings`), `sweep`
 (`pipeline.grid`), `methods.<m>` (the method's options class, `pipeline.models.options`, plus an optional partial
 `train:` override whose `lr` may be a list: the method's learning-rate axis, `Params.train_candidates`), `evaluate` and `planted` (`pipeline.scoring.options`), `captions` and `explain`
-(`pipeline.explain.options`); `extract` and `report` are the stages' own, declared here. This module adds
-only what no single component can check: the cross-field rules of the sweep grid.
+(`pipeline.explain.options`); `extract` and `report` are the stages' own, declared here, and so is `threads`, the
+CPU threads every stage computes with (`stages.runner.use_threads`: from params, never from the machine or the
+batch job, so that a stage writes the same bytes wherever it runs; every stage declares it in dvc.yaml, so a new
+value reruns them). This module adds only what no single component can check: the cross-field rules of the sweep
+grid.
 
 Unknown keys, duplicate keys, wrong types and impossible values fail with one line per problem naming the file,
 the key and the value (e.g. `params.yaml: sweep.sae.ks[1]: k=512 > dictionary size 256`), before any work starts.
@@ -71,6 +74,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: NonNegativeInt = 0
+    threads: PositiveInt = 1
     data: DataSettings
     encoder: EncoderSettings = EmbeddedSettings()
     extract: ExtractSettings = ExtractSettings()

@@ -16,7 +16,7 @@ from pipeline.settings import Int, settings
 
 @settings
 class RotationSweep:
-    """Rotation methods (`pipeline.models.ROTATION_METHODS`) x k."""
+    """Rotation methods (`pipeline.models.options.ROTATION_METHODS`) x k."""
 
     methods: tuple[str, ...] = Field(min_length=1)
     ks: tuple[Int, ...] = Field(min_length=1)

@@ -115,6 +115,13 @@ class Layout:
     def run_explanations(self, run: str) -> Path:
         return self.evaluation(run) / "explain.json"
 
+    @property
+    def timings(self) -> Path:  # folder of the evaluations' wall-clock seconds per part (not in store/eval: they
+        return self.store / "timings"  # differ from run to run, and the report reads store/eval)
+
+    def run_timings(self, run: str) -> Path:
+        return self.timings / f"{run}.json"
+
     # --- planted and report stages -----------------------------------------------------------------
     @property
     def planted_metrics(self) -> Path:

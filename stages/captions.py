@@ -17,7 +17,7 @@ from pipeline.explain.decoder import CaptionDecoder, save_decoder, train_decoder
 from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.store import open_store
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 

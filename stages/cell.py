@@ -25,7 +25,7 @@ from pipeline.grid import Cell
 from pipeline.paths import Layout
 from pipeline.training.cell_training import train_cell
 from stages import evaluate
-from stages._cli import cell_main, exit_with
+from stages.runner import cell_main, exit_with
 
 
 def run(params: Params, layout: Layout, cell: Cell) -> dict:

@@ -26,7 +26,7 @@ from pipeline.data.synthetic import write_synthetic
 from pipeline.paths import Layout
 from pipeline.provenance import code_digest
 from pipeline.records import write_json
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 #: the code that decides the dataset's content (dvc.yaml lists each as a dependency of the stage; a test checks it)
 DATA_CODE = ("pipeline/data", "pipeline/store.py", "stages/data.py")

@@ -33,7 +33,7 @@ from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.store import open_store
 from pipeline.training.device import device_name
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ def no_encoder(data: Dataset, layout: Layout, tmp: Path) -> dict[str, Any]:
     """encoder.json for a dataset that brings its own embeddings (no images to encode), and the stage's record."""
     embeddings = open_store(layout.data_embeddings / layout.image_embeddings.name)
     identity = {"encoder_id": embeddings.attrs["encoder"], "dim": int(embeddings.shape[1]), "has_text": True}
-    tmp.mkdir(parents=True)
     write_json(tmp / "none.json", {**identity, "reason": "the dataset has no images: its source wrote the embeddings (store/data/embeddings)"})
     log.info("no encoder: %s brings its own embeddings (%s)", layout.data, identity["encoder_id"])
     return summary(None, {}, [], "none", **identity)

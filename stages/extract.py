@@ -32,7 +32,7 @@ from pipeline.encoders.registry import open_encoder
 from pipeline.paths import Layout
 from pipeline.provenance import code_digest, digest
 from pipeline.store import Store, StoreError, StoreWriter, open_store, write_array
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 #: the code that decides the embeddings (dvc.yaml lists each as a dependency of the stage; a test checks it)
 EXTRACT_CODE = ("pipeline/encoders", "pipeline/store.py", "stages/extract.py")

@@ -16,7 +16,7 @@ from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.scoring.planted import benchmark
 from pipeline.training.device import device_name
-from stages._cli import exit_with, parser, run_main
+from stages.runner import exit_with, parser, run_main
 
 
 def run(params: Params, layout: Layout) -> list[dict[str, Any]]:

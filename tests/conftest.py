@@ -15,11 +15,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pipeline.explain.decoder import decode_captions, train_decoder
+from pipeline.explain.explanations import Concepts, KindData
 from pipeline.explain.options import (
     DecoderSettings,  # noqa: E402
     ExplainSettings,  # noqa: E402
 )
-from pipeline.explain.run import Concepts, KindData
 from pipeline.models.registry import build  # noqa: E402
 from pipeline.training.options import TrainSettings  # noqa: E402
 from tests.scratch import copy_repo, dvc, scratch_copy  # noqa: E402

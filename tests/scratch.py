@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from stages.cli import preset_text
+from pipeline.presets import preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def scratch_copy(tmp: Path, params: str | None = None) -> Path:
     """The tracked project files (what a clone has) in a fresh git repository `tmp/repo`, with `params` (default: the
     tiny preset) as params.yaml."""
     repo = tmp / "repo"
-    for name in ["pipeline", "stages", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
+    for name in ["pipeline", "stages", "flow", "cli", "dvc.yaml", "cluster.yaml", ".dvc/config", ".dvcignore", "pyproject.toml"]:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -34,7 +34,7 @@ def scratch_copy(tmp: Path, params: str | None = None) -> Path:
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / name)
     (repo / "params.yaml").write_text(preset_text("tiny") if params is None else params)
-    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n")
+    (repo / ".gitignore").write_text("/store/\n/reports/\n.prefect/\n/logs/\n")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "scratch")
@@ -71,9 +71,23 @@ def dvc(repo: Path, *args: str) -> str:
     return result.stdout
 
 
+#: outputs whose bytes differ between runs by design: the evaluations' wall-clock seconds (stages/evaluate.py)
+VARYING = "store/timings/"
+
+
+def stable_lock(repo: Path) -> dict:
+    """dvc.lock's stages without the timings outputs (`VARYING`: wall-clock seconds, whose hashes differ between runs):
+    what two runs of the same params must agree on."""
+    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    for stage in stages.values():
+        if "outs" in stage:
+            stage["outs"] = [out for out in stage["outs"] if not out["path"].startswith(VARYING)]
+    return stages
+
+
 def outputs(repo: Path) -> dict[str, str]:
-    """sha256 of every file of every output dvc.lock records (relative path -> digest)."""
+    """sha256 of every file of every output dvc.lock records (relative path -> digest), but the timings (`VARYING`)."""
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    paths = [repo / out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])]
+    paths = [repo / out["path"] for stage in lock["stages"].values() for out in stage.get("outs", []) if not out["path"].startswith(VARYING)]
     files = [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p]) if f.is_file()]
     return {f.relative_to(repo).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}

@@ -43,7 +43,7 @@ def quarter_turn_model(parametrization: str, k: int = 2) -> Cedar:
 
 
 def train_steps(model: Cedar, x: np.ndarray, steps: int, lr: float = 0.05, batch: int = 128) -> Cedar:
-    """The training loop's call order (pipeline.train), in a few lines, for fast tests."""
+    """The training loop's call order (pipeline.training.loop), in a few lines, for fast tests."""
     xt = torch.as_tensor(x)
     model.fit_init(xt)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from pipeline.config import validate_params
+from pipeline.presets import preset_text
 from pipeline.provenance import source_digest
 from pipeline.training.cell_training import TRAINING_CODE, reusable, training_fingerprint
-from stages.cli import preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_cell_stages_depend_on_all_training_code_and_keep_their_model():
 
 
 def test_the_code_digest_a_stage_records_covers_only_its_dvc_dependencies():
-    """What data and extract record as their code (`stages._cli.code_digest`) is code DVC reruns them for."""
+    """What data and extract record as their code (`stages.runner.code_digest`) is code DVC reruns them for."""
     from stages.data import DATA_CODE
     from stages.extract import EXTRACT_CODE
 

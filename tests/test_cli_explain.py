@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import choose_run, main
 from pipeline.config import ParamsError, validate_params
 from pipeline.explain.options import DecoderSettings, ExplainSettings
+from pipeline.presets import preset_text
 from pipeline.training.options import TrainSettings
-from stages.cli import choose_run, main, preset_text
 
 
 def metrics(run: str, method: str, objects: float | None, multi: float = 0.0) -> dict:

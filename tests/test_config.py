@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli.main import main as cli
 from pipeline.config import ParamsError, load_params, validate_params
-from stages.cli import main as cli
-from stages.cli import preset_names, preset_text
+from pipeline.presets import preset_names, preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.data.dataset import edit_text, open_dataset, write_dataset
 from pipeline.data.world import scenes as world
-from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
+from pipeline.data.world.texts import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import vocabulary
 
 

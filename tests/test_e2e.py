@@ -36,6 +36,10 @@ def test_repro_writes_a_report_with_sane_metrics(repro):
     tapas = metrics["concepts"]["objects"]["trained"]["tapas"]
     assert sum(f["n_pairs"] for f in tapas["families"].values()) == tapas["n_pairs"], "every pair counts in its edited family"
     assert "TAPAScore per edited family" in html
+    timings = json.loads((repro / "store" / "timings" / "topk-32-4.json").read_text())
+    assert set(timings) == {"encode", "fvu", "cknna", "probes", "fms", "matching", "tapas", "explain", "total"}
+    assert all(v >= 0 for v in timings.values()) and sum(v for k, v in timings.items() if k != "total") <= timings["total"]
+    assert "timings" in dvc(repro, "metrics", "show"), "`dvc metrics show` lists where each cell's time went"
     encoder = json.loads((repro / "store" / "metrics" / "encoder.json").read_text())
     assert encoder["zero_shot_mean"] > encoder["chance_mean"]
     assert 'id="explanations"' in html and 'id="latents"' in html
@@ -59,7 +63,7 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     assert ran == expected
     after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
-    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4")}
+    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4"), ("timings", "topk-64-4.json")}
 
 
 def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repro):

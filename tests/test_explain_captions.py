@@ -10,7 +10,7 @@ import torch
 
 from pipeline.data.world.scenes import generate_objects
 from pipeline.explain.blip import blip_captions, blip_image_embeddings
-from pipeline.explain.captions import caption_sources, topk_original_basis
+from pipeline.explain.caption_sources import caption_sources, topk_original_basis
 from pipeline.explain.decoder import CaptionDecoder, _augment, decode_captions, load_decoder, save_decoder, train_decoder
 from pipeline.explain.options import DecoderSettings
 from pipeline.explain.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, build_vocabulary, detokenize, tokenize

@@ -1,4 +1,4 @@
-"""The explanations of one run (pipeline.explain.run): small synthetic inputs, hand-checked values."""
+"""The explanations of one run (pipeline.explain.explanations): small synthetic inputs, hand-checked values."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.explain.naming import LatentNames
-from pipeline.explain.run import (
+from pipeline.explain.explanations import (
     ExplainSettings,
     KindData,
     explain_rows,
@@ -19,6 +18,7 @@ from pipeline.explain.run import (
     switched_latents,
     top_activating,
 )
+from pipeline.explain.naming import LatentNames
 from tests.conftest import CAPTIONS, COLOURS
 
 # three images (rows) x four latents; latent 1 and 3 never fire

@@ -17,11 +17,11 @@ import zarr
 
 from pipeline.config import validate_params
 from pipeline.paths import Layout
+from pipeline.presets import preset_text
 from pipeline.store import open_store
 from stages import data as data_stage
 from stages import encoder as encoder_stage
 from stages import extract as extract_stage
-from stages.cli import preset_text
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.scratch import copy_repo, dvc, env
+from tests.scratch import copy_repo, dvc, env, stable_lock
 
 pytestmark = pytest.mark.slow
 CLUSTERS = {"two": {"kind": "local", "workers": 2, "processes": True, "dashboard": None}}
@@ -51,7 +51,7 @@ def cedar(repo: Path, *args: str, during: Callable[[list[psutil.Process]], None]
     e.pop("PREFECT_API_URL", None)
     e.pop("SHELL", None)  # DVC's shell is then /bin/sh, as on a batch node; dash forks the stage's command
     e["PREFECT_LOGGING_LEVEL"] = logging
-    command = [sys.executable, "-m", "stages.cli", *args]
+    command = [sys.executable, "-m", "cli", *args]
     if args[0] == "flow":
         command += ["--cluster", "two", "--cluster-file", str(clusters)]
     proc = subprocess.Popen(command, cwd=repo, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,8 +98,7 @@ def alive(pid: int, created: float) -> bool:
         return False
 
 
-def lock(repo: Path) -> dict:
-    return yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+lock = stable_lock
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +225,7 @@ def test_a_flow_stopped_with_sigterm_exits_cleanly_and_a_rerun_finishes_its_work
         for process in processes:
             try:
                 if not stopped and process.cmdline()[1:3] == ["-m", "stages.cell"]:
-                    driver = next(p for p in process.parents() if p.cmdline()[1:3] == ["-m", "stages.cli"])
+                    driver = next(p for p in process.parents() if p.cmdline()[1:3] == ["-m", "cli"])
                     os.kill(driver.pid, signal.SIGTERM)
                     stopped.append(driver.pid)
             except psutil.Error:

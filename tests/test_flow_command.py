@@ -1,4 +1,4 @@
-"""What a worker runs for a stage (stages/flow/command.py): the dvc.yaml commands through DVC's shell, their
+"""What a worker runs for a stage (flow/command.py): the dvc.yaml commands through DVC's shell, their
 output, a clear error on failure, and a stage that dies with its worker, whatever the shell forks."""
 
 from __future__ import annotations
@@ -14,23 +14,24 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stages.flow.command import run_commands
+from flow.command import run_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_commands_run_in_order_in_the_stage_directory_with_dvcs_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("SHELL", "/bin/sh")
-    out = run_commands("s", ["echo one $DVC_STAGE", "pwd", "echo $DVC_ROOT $OMP_NUM_THREADS"], str(tmp_path), "/root/of/it", {"OMP_NUM_THREADS": "3"})
-    assert out.splitlines() == ["one s", str(tmp_path), "/root/of/it 3"]
+    monkeypatch.setenv("MARK", "the worker's")
+    out = run_commands("s", ["echo one $DVC_STAGE", "pwd", "echo $DVC_ROOT $MARK"], str(tmp_path), "/root/of/it")
+    assert out.splitlines() == ["one s", str(tmp_path), "/root/of/it the worker's"]
 
 
 def test_a_failing_command_names_the_stage_the_command_and_its_output(tmp_path, monkeypatch):
     monkeypatch.setenv("SHELL", "/bin/sh")
     with pytest.raises(RuntimeError, match=r"stage s: `echo boom; exit 3` exited with status 3\nboom"):
-        run_commands("s", ["echo boom; exit 3", "echo never"], str(tmp_path), str(tmp_path), {})
+        run_commands("s", ["echo boom; exit 3", "echo never"], str(tmp_path), str(tmp_path))
     with pytest.raises(RuntimeError, match="was killed by signal 9"):
-        run_commands("s", ["kill -9 $$"], str(tmp_path), str(tmp_path), {})
+        run_commands("s", ["kill -9 $$"], str(tmp_path), str(tmp_path))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -41,8 +42,8 @@ def test_every_process_of_a_stage_dies_with_the_worker_even_those_the_shell_fork
         import os, sys
         sys.path.insert(0, {str(ROOT)!r})
         os.environ["SHELL"] = "/bin/sh"
-        from stages.flow.command import run_commands
-        run_commands("s", ["sleep 61 & sleep 62"], {str(tmp_path)!r}, {str(tmp_path)!r}, {{}})
+        from flow.command import run_commands
+        run_commands("s", ["sleep 61 & sleep 62"], {str(tmp_path)!r}, {str(tmp_path)!r})
     """)])
     deadline = time.time() + 30
     while time.time() < deadline:

@@ -22,8 +22,9 @@ import psutil
 import pytest
 import yaml
 
-from stages.cli import main, preset_text
-from stages.flow.graph import Project, StageError, set_params
+from cli.main import main
+from flow.graph import Project, StageError, set_params
+from pipeline.presets import preset_text
 from tests.scratch import env, git
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ def tiny(**changes: object) -> dict:
 
 
 CLUSTERS = {"local": {"kind": "local", "workers": 2, "dashboard": None},
-            "single": {"kind": "local", "workers": 1, "dashboard": None, "threads": 3}}
+            "batch": {"kind": "slurm", "cores": 1, "memory": "1GB", "queue": "gone", "max_jobs": 2}}
 
 
 def toy(tmp: Path, dvc_yaml: dict | None = None, params: dict | None = None, sleep: float = 0.0) -> Path:
@@ -186,12 +187,29 @@ def test_independent_stages_overlap_and_an_unchanged_output_stops_the_rerun(tmp_
     assert dvc(repo, "status").strip() == "Data and pipelines are up to date."
 
 
-def test_thread_counts_come_from_the_shell_or_the_cluster(tmp_path, capsys, monkeypatch):
+def test_a_batch_job_that_cannot_be_submitted_stops_the_flow_within_seconds_with_the_batch_systems_message(tmp_path, capsys, monkeypatch):
+    """An `sbatch` that passes the check before the flow (`--test-only`) but refuses the submission (the partition
+    went away meanwhile): the real dask-jobqueue cluster submits, the flow stops a few seconds later, without
+    retries, in one line with sbatch's message and the entry's name; nothing is recorded, and the jobs' logs would
+    go to the project's logs/jobs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/sh\nif [ "$1" = "--test-only" ]; then echo "sbatch: Job 1 to start now" >&2; exit 0; fi\n'
+                                    f'date +%s.%N >> {tmp_path}/submitted\n'
+                                    'echo "sbatch: error: invalid partition specified: gone" >&2\n'
+                                    'echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2\nexit 1\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     repo = toy(tmp_path)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert flow(repo, "--cluster", "local", "a", capsys=capsys)[0] == 0
-    assert flow(repo, "--cluster", "single", "d", capsys=capsys)[0] == 0
-    assert {r["name"]: r["threads"] for r in runs(repo)} == {"a": "1", "d": "3"}
+    code, out, err = flow(repo, "--cluster", "batch", capsys=capsys)
+    stopped = time.time()
+    assert code == 1
+    assert err.strip().splitlines()[-1] == ("error: cluster.yaml: batch: the batch system refused a job: sbatch: error: invalid partition specified: gone; "
+                                            "sbatch: error: Batch job submission failed: Invalid partition name specified; 0 of 5 stages finished and "
+                                            "are recorded in dvc.lock")
+    first_refusal = float((tmp_path / "submitted").read_text().split()[0])
+    assert stopped - first_refusal < 30, f"the flow took {stopped - first_refusal:.0f} s to stop after the refusal"
+    assert "Running stage" in out and not (repo / "dvc.lock").exists() and (repo / "logs" / "jobs").is_dir()
 
 
 def test_failed_and_incomplete_stages_are_not_recorded_and_finished_ones_are(tmp_path, capsys):
@@ -291,7 +309,7 @@ def test_cedar_serve_runs_the_flow_as_a_deployment_with_param_overrides(tmp_path
     repo = toy(tmp_path)
     e = {**env(), "PYTHONPATH": str(ROOT)}
     e.pop("PREFECT_API_URL", None)
-    serve = subprocess.Popen([sys.executable, "-m", "stages.cli", "serve", "d", "--root", str(repo)], env=e, cwd=tmp_path,
+    serve = subprocess.Popen([sys.executable, "-m", "cli", "serve", "d", "--root", str(repo)], env=e, cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.data import syn as syn_module
+from pipeline.data import syn_benchmarks as syn_module
 from pipeline.data.coco import COCO_CATEGORY_NAMES, load_coco
 from pipeline.data.cub import attribute_phrase, class_phrase, load_cub
 from pipeline.data.folders import load_folders
 from pipeline.data.images import BadImage, load_image, load_images
-from pipeline.data.syn import HubUnavailable, fetch_syn, load_syn
+from pipeline.data.syn_benchmarks import HubUnavailable, fetch_syn, load_syn
 from pipeline.data.table import ImageTable, LayoutError, PairTable, assign_split, check_fractions, join_words, with_article
 
 

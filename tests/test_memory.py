@@ -6,7 +6,7 @@ The project: 200k planted-concept embeddings (d = 32, 4 families x 8 values), 70
 alone would take 140,000 x 1,024 x 4 bytes = 573 MB; the budget below is less than that, so an evaluation that
 materialised them (or the test split's embeddings, labels, reconstructions) would fail it.
 
-Measured in a child process: it imports and loads what the stage needs (the fixed cost: interpreter, torch,
+Measured in a child process: it imports and loads what the stage needs (the fixed cost: interpreter, torch and the torch._dynamo that its optimizers import,
 scikit-learn, a model, the caption decoder, the dataset's indices), gives freed heap back to the system (glibc
 malloc_trim, so that memory the imports freed cannot absorb a growth unseen), resets its peak RSS (Linux
 /proc/self/clear_refs), runs the stage and reads the peak the kernel recorded (VmHWM in /proc/self/status: the
@@ -56,6 +56,7 @@ CHILD = """
 import ctypes, json, resource, sys
 from pathlib import Path
 import sklearn.linear_model, sklearn.tree, scipy.stats  # noqa: F401  imported before the measurement starts
+import torch._dynamo  # noqa: F401  a library, not evaluation data: every torch.optim optimizer (the probes' L-BFGS) imports it on construction, ~130 MB
 from pipeline.config import load_params
 from pipeline.data.dataset import open_dataset
 from pipeline.explain.decoder import load_decoder

@@ -1,15 +1,22 @@
-"""Tests for pipeline.metrics.fms: the Feature Monosemanticity Score (Härle et al. 2025)."""
+"""Tests for pipeline.metrics.fms: the Feature Monosemanticity Score (Härle et al. 2025), grown with torch.
+
+References (tests/fms_reference.py): scikit-learn's trees, where no tie between latents decides a tree, and a plain
+numpy greedy tree with our tie rule where ties do.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
 import pytest
-from sklearn.tree import DecisionTreeClassifier
+import torch
 
-from pipeline.metrics import fms as fms_module
-from pipeline.metrics.fms import FMSResult, fms, truncated_accuracies
+from pipeline.metrics.fms import FMSResult, fms
+from tests.fms_reference import sklearn_fms, stump_chain, tree_levels
+
+EVERY_ROW = {"max_n": 10**6, "balanced": False}  # no subsampling: the references see the same rows
 
 
 def test_perfectly_monosemantic_latent_scores_one_by_the_papers_formula() -> None:
@@ -17,7 +24,7 @@ def test_perfectly_monosemantic_latent_scores_one_by_the_papers_formula() -> Non
     # level (global = 1); without latent 0 nothing can split: majority 4/8 = 0.5 -> local = 2 (1 - 0.5) = 1.
     y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
     codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
-    result = fms(codes, y, removals=1, levels="paper")
+    result = fms(codes, y, removals=1, levels="paper", exhausted="majority")
     assert isinstance(result, FMSResult)
     assert result.fms == 1.0
     assert result.root_accuracy.tolist() == [1.0]
@@ -27,23 +34,43 @@ def test_perfectly_monosemantic_latent_scores_one_by_the_papers_formula() -> Non
     assert result.depth.tolist() == [1]
 
 
-def test_published_convention_hand_computed() -> None:
-    # The published code's global term also averages the no-split level: majority accuracy 0.5, a term
-    # 0.5 - 1 = -0.5, so FMS_global = 1 - (-0.5) / 1 = 1.5; the local term is averaged over 1..9 removals, all 1
-    # (nothing can split once latent 0 is gone). FMS = 1 * (1 + 1.5) / 2 = 1.25: above 1, as published.
+def test_published_exhausted_chain_drops_the_counts_no_latent_can_split(caplog: pytest.LogCaptureFixture) -> None:
+    # The same concept: after removing latent 0 no latent can split, so every removal count is left out of the
+    # published mean and the concept has no local term: NaN, with a warning saying why.
     y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
     codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
-    result = fms(codes, y)
-    assert (result.removals, result.levels) == (tuple(range(1, 10)), "published")
-    assert result.global_.tolist() == [1.5] and result.local.tolist() == [1.0]
-    assert result.fms == 1.25
+    with caplog.at_level("WARNING", logger="pipeline.metrics.fms"):
+        result = fms(codes, y)
+    assert (result.removals, result.levels, result.exhausted) == (tuple(range(1, 10)), "published", "drop")
+    assert np.isnan(result.per_concept[0]) and np.isnan(result.fms) and np.isnan(result.cut_accuracy[0, 1:]).all()
+    assert "no latent is left to split" in caplog.text
+
+
+def test_published_convention_hand_computed() -> None:
+    # y = a OR b: latent a covers 3 positives, latent b the 4th; 4 negatives (the next test's case). accs_0 = 7/8.
+    # Published global term: levels {no split 0.5, depth 2 1.0} -> 1 - mean(0.5 - 7/8, 1 - 7/8) = 9/8 (above 1).
+    # Published local term over removals 1..9: after one removal (a) the stump on b gets 5/8; after two nothing can
+    # split, so counts 2..9 leave the mean: local = 2 (7/8 - 5/8) = 1/2. FMS = 7/8 (1/2 + 9/8) / 2 = 91/128.
+    a = np.array([1, 1, 1, 0, 0, 0, 0, 0], dtype=float)
+    b = np.array([0, 0, 0, 1, 0, 0, 0, 0], dtype=float)
+    y = (a + b) > 0
+    codes = np.stack([b, a, np.zeros(8)], axis=1)
+    published = fms(codes, y)
+    assert published.global_[0] == pytest.approx(9 / 8, abs=1e-15)
+    assert published.local[0] == pytest.approx(0.5, abs=1e-15)
+    assert published.fms == pytest.approx(91 / 128, abs=1e-15)
+    assert published.cut_accuracy[0, :2].tolist() == [7 / 8, 5 / 8] and np.isnan(published.cut_accuracy[0, 2:]).all()
+    # Our earlier convention: the exhausted counts score the majority rate 1/2: local = (1/2 + 8 * 3/4) / 9 = 13/18.
+    majority = fms(codes, y, exhausted="majority")
+    assert majority.local[0] == pytest.approx(13 / 18, abs=1e-15)
+    assert majority.fms == pytest.approx(7 / 8 * (13 / 18 + 9 / 8) / 2, abs=1e-15)  # 0.80815972...
 
 
 def test_concept_split_over_two_latents_hand_computed() -> None:
     # y = a OR b: latent a covers 3 positives, latent b the 4th; 4 negatives. Gini picks a at the root
     # (weighted impurity 1/5 vs 3/7). accs_0 = (3 + 4)/8 = 7/8; depth 2 reaches 1.0, so
     # global = 1 - (1 - 7/8)/1 = 7/8. Without a the stump on b gets (1 + 4)/8 = 5/8: local@1 = 2 (7/8 - 5/8) = 1/2;
-    # without b too nothing splits: 4/8, local@2 = 2 (7/8 - 1/2) = 3/4.
+    # without b too nothing splits: 4/8, local@2 = 2 (7/8 - 1/2) = 3/4 (majority), or undefined (published).
     a = np.array([1, 1, 1, 0, 0, 0, 0, 0], dtype=float)
     b = np.array([0, 0, 0, 1, 0, 0, 0, 0], dtype=float)
     y = (a + b) > 0
@@ -54,22 +81,17 @@ def test_concept_split_over_two_latents_hand_computed() -> None:
     assert one.global_[0] == 7 / 8
     assert one.local[0] == 0.5
     assert one.fms == pytest.approx(7 / 8 * (0.5 + 7 / 8) / 2, abs=1e-15)  # 0.6015625
-    two = fms(codes, y, removals=2, levels="paper")
+    two = fms(codes, y, removals=2, levels="paper", exhausted="majority")
     assert two.cut_accuracy[0].tolist() == [7 / 8, 5 / 8, 0.5]
     assert two.fms == pytest.approx(7 / 8 * (0.75 + 7 / 8) / 2, abs=1e-15)  # 0.7109375
-    # Published: levels {no split 0.5, depth 2 1.0} -> global = 1 - mean(0.5 - 7/8, 1 - 7/8) = 9/8; removals 1..9:
-    # accuracies 5/8 then 0.5 (nothing splits after two removals) -> local = (0.5 + 8 * 0.75) / 9 = 13/18.
-    published = fms(codes, y)
-    assert published.global_[0] == pytest.approx(9 / 8, abs=1e-15)
-    assert published.local[0] == pytest.approx(13 / 18, abs=1e-15)
-    assert published.fms == pytest.approx(7 / 8 * (13 / 18 + 9 / 8) / 2, abs=1e-15)  # 0.80815972...
+    assert np.isnan(fms(codes, y, removals=2, levels="paper").fms)
 
 
 def test_constant_concept_is_nan_and_excluded_from_the_mean() -> None:
     y = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
     codes = np.stack([y.astype(float), np.zeros(8)], axis=1)
     labels = np.stack([y, np.zeros(8, dtype=bool)], axis=1)
-    result = fms(codes, labels, removals=1, levels="paper")
+    result = fms(codes, labels, removals=1, levels="paper", exhausted="majority")
     assert np.isnan(result.per_concept[1])
     assert result.root_feature.tolist() == [0, -1]
     assert result.fms == 1.0
@@ -90,52 +112,115 @@ def test_balancing_keeps_a_rare_perfect_concept_at_one() -> None:
     y = np.zeros(200, dtype=bool)
     y[::20] = True
     codes = np.stack([y.astype(float), np.zeros(200)], axis=1)
-    balanced = fms(codes, y, removals=1, levels="paper")
+    balanced = fms(codes, y, removals=1, levels="paper", exhausted="majority")
     assert balanced.n_rows.tolist() == [20]
     assert balanced.fms == 1.0
-    assert fms(codes, y, removals=1, levels="paper", balanced=False).fms == pytest.approx(0.55, abs=1e-12)
+    assert fms(codes, y, removals=1, levels="paper", balanced=False, exhausted="majority").fms == pytest.approx(0.55, abs=1e-12)
 
 
-def test_truncated_accuracies_match_depth_limited_trees() -> None:
+def _random_case(rng: np.random.Generator, n: int, latents: int, k: int, grid: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse non-negative codes (k of `latents` non-zero per row; values on a grid of quarters: many ties, or
+    uniform), some all-zero rows, and a label that mixes one latent with noise."""
+    idx = np.stack([rng.choice(latents, k, replace=False) for _ in range(n)])
+    values = rng.integers(1, 5, (n, k)) / 4.0 if grid else rng.random((n, k)) + 0.01
+    codes = np.zeros((n, latents), np.float32)
+    codes[np.arange(n)[:, None], idx] = values
+    codes[: n // 10] = 0.0
+    y = ((codes[:, 0] > 0) & (rng.random(n) < 0.8)) | (rng.random(n) < 0.3)
+    return codes, y
+
+
+def test_trees_equal_scikit_learns_where_no_tie_decides_them() -> None:
+    """Dense signed codes (a random normal per entry) and sparse ones: wherever scikit-learn's result does not depend
+    on its random visiting order of the latents (the same for eight random states), ours equals it exactly."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(300, 6)).astype(np.float32)
-    y = (x[:, 0] + 0.5 * x[:, 1] * x[:, 2] + 0.3 * rng.normal(size=300)) > 0
-    full = DecisionTreeClassifier(random_state=0).fit(x, y)
-    acc = truncated_accuracies(full)
-    assert acc.size == full.get_depth()
-    assert acc[-1] == 1.0  # fully grown on distinct rows: every leaf is pure
-    assert np.all(np.diff(acc) >= 0)  # deeper cuts never lose training accuracy
-    for depth in (1, 2, 3, 5):
-        limited = DecisionTreeClassifier(max_depth=depth, random_state=0).fit(x, y)
-        assert acc[depth - 1] == pytest.approx(limited.score(x, y), abs=1e-12)
+    checked = 0
+    for trial in range(24):
+        if trial % 2:
+            codes, y = _random_case(rng, int(rng.integers(30, 90)), int(rng.integers(8, 40)), 3, grid=False)
+        else:
+            n, latents = int(rng.integers(20, 70)), int(rng.integers(2, 8))
+            codes = rng.normal(size=(n, latents)).astype(np.float32)
+            y = codes[:, 0] + rng.normal(size=n) > 0
+        if y.all() or not y.any():
+            continue
+        for exhausted in ("drop", "majority"):
+            references = [sklearn_fms(codes, y, (1, 2, 3), "published", exhausted, random_state=r) for r in range(8)]
+            if any(r is None for r in references):
+                continue
+            a = references[0]
+            if any(b["depth"] != a["depth"] or not np.array_equal(b["cuts"], a["cuts"], equal_nan=True) or b["global"] != a["global"]
+                   for b in references[1:]):
+                continue  # a tie between latents decided scikit-learn's tree
+            ours = fms(codes, y, removals=(1, 2, 3), exhausted=exhausted, **EVERY_ROW)
+            assert ours.depth[0] == a["depth"] and ours.root_feature[0] == a["root"]
+            np.testing.assert_array_equal(ours.cut_accuracy[0], a["cuts"])
+            assert ours.global_[0] == pytest.approx(a["global"], abs=1e-12)
+            assert ours.per_concept[0] == pytest.approx(a["fms"], abs=1e-12) or (np.isnan(a["fms"]) and np.isnan(ours.per_concept[0]))
+            checked += 1
+    assert checked >= 10, "too few cases without ties to compare"
 
 
-def test_scores_are_bounded_and_subsample_is_seeded() -> None:
-    rng = np.random.default_rng(1)
-    codes = rng.random((400, 20)) * (rng.random((400, 20)) < 0.3)
-    labels = np.stack([codes[:, 0] > 0.2, rng.random(400) < 0.5, (codes[:, 1] > 0) | (codes[:, 2] > 0)], axis=1)
-    result = fms(codes, labels, max_n=250, seed=3)
-    assert np.all(result.n_rows <= 250) and np.all(result.n_rows % 2 == 0)  # balanced: as many negatives as positives
-    assert fms(codes, labels, max_n=250, seed=3, balanced=False).n_rows.tolist() == [250, 250, 250]
-    assert np.all((result.root_accuracy >= 0.5) & (result.root_accuracy <= 1.0))
-    assert np.all(result.global_ >= 0.5)
-    paper = fms(codes, labels, max_n=250, seed=3, levels="paper")
-    assert np.all((paper.global_ >= 0.5) & (paper.global_ <= 1.0))
-    assert np.all(result.global_ >= paper.global_)  # the no-split level only ever adds a negative term
-    # The planted single-latent concept scores above the random one.
-    assert result.per_concept[0] > result.per_concept[1]
-    again = fms(codes, labels, max_n=250, seed=3)
-    np.testing.assert_array_equal(result.per_concept, again.per_concept)
+@pytest.mark.parametrize("seed", range(6))
+def test_trees_equal_the_tie_rule_reference_on_codes_full_of_ties(seed: int) -> None:
+    """Grid-valued sparse codes, where many latents tie: the tree, its level accuracies and the removal chain equal
+    an independent plain-numpy greedy tree that breaks ties as documented (lowest latent, then lowest threshold)."""
+    rng = np.random.default_rng(10 + seed)
+    codes, y = _random_case(rng, int(rng.integers(40, 120)), int(rng.integers(6, 60)), int(rng.integers(1, 5)), grid=True)
+    levels, root = tree_levels(codes, y)
+    ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
+    assert ours.depth[0] == levels.size and ours.root_feature[0] == root
+    assert ours.root_accuracy[0] == levels[0]
+    assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
+    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
 
 
-def test_threads_change_nothing_but_the_time() -> None:
+def test_the_bound_that_prunes_the_split_search_holds() -> None:
+    """The search skips a (node, latent) whose rows with a positive value, (a, b) per class, cannot beat a known
+    split: it relies on g(a, b) <= max(g(a, 0), g(0, b)) and on g(r, 0), g(0, r) growing with r, where g is the
+    sum over sides of squared class counts over the side's size (node of P positives, N negatives). Checked for
+    every node and count up to 30."""
+    def g(a, b, pos, neg):
+        left_pos, left_neg = pos - a, neg - b
+        return (left_pos**2 + left_neg**2) / (left_pos + left_neg) + (a * a + b * b) / (a + b)
+
+    for pos, neg in itertools.product(range(1, 31), repeat=2):
+        a, b = np.meshgrid(np.arange(pos + 1, dtype=float), np.arange(neg + 1, dtype=float), indexing="ij")
+        valid = (a + b > 0) & (a + b < pos + neg)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            both = g(a, b, pos, neg)
+            bound = np.maximum(np.where(a > 0, g(a, 0 * b, pos, neg), -np.inf), np.where(b > 0, g(0 * a, b, pos, neg), -np.inf))
+        assert (both[valid] <= bound[valid] * (1 + 1e-12)).all(), (pos, neg)
+        pure = g(np.arange(1, pos + 1, dtype=float), 0.0, pos, neg)
+        assert (np.diff(pure[np.isfinite(pure)]) > 0).all()
+
+
+def test_memory_bounds_and_threads_change_nothing_but_the_time() -> None:
+    """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, and
+    one torch thread: the same numbers."""
     rng = np.random.default_rng(4)
     codes = rng.random((300, 30)) * (rng.random((300, 30)) < 0.2)
     labels = np.stack([codes[:, 0] > 0.1, rng.random(300) < 0.5, np.zeros(300, bool), (codes[:, 5] > 0) & (codes[:, 6] > 0)], axis=1)
-    one, four = fms(codes, labels, n_jobs=1), fms(codes, labels, n_jobs=4)
-    for field in ("per_concept", "cut_accuracy", "root_feature", "depth", "n_rows"):
-        np.testing.assert_array_equal(getattr(one, field), getattr(four, field))
-    assert one.fms == four.fms and np.isnan(one.per_concept[2])
+    default = fms(codes, labels)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        small = fms(codes, labels, block_entries=50, dense_cells=30)
+    finally:
+        torch.set_num_threads(threads)
+    for field in ("per_concept", "cut_accuracy", "root_feature", "depth", "n_rows", "global_", "local"):
+        np.testing.assert_array_equal(getattr(default, field), getattr(small, field))
+    assert default.fms == small.fms and np.isnan(default.per_concept[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_gives_the_cpus_numbers() -> None:
+    rng = np.random.default_rng(5)
+    codes, y = _random_case(rng, 400, 200, 8, grid=True)
+    labels = np.stack([y, rng.random(400) < 0.4], axis=1)
+    cpu, cuda = fms(codes, labels), fms(codes, labels, device="cuda")
+    for field in ("per_concept", "cut_accuracy", "root_feature", "depth"):
+        np.testing.assert_array_equal(getattr(cpu, field), getattr(cuda, field))
 
 
 def test_available_threads_is_the_processes_share(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,18 +242,6 @@ def test_thread_map_keeps_the_order_on_any_number_of_threads() -> None:
     assert thread_map(lambda i: i, [], 4) == []
 
 
-def test_sparse_and_dense_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = np.random.default_rng(2)
-    codes = rng.random((300, 40)) * (rng.random((300, 40)) < 0.1)
-    labels = np.stack([(codes[:, 3] > 0) | (codes[:, 4] > 0.5), rng.random(300) < 0.4], axis=1)
-    sparse_result = fms(codes, labels, removals=3)  # 10% non-zeros: sparse path
-    monkeypatch.setattr(fms_module, "_SPARSE_DENSITY", 0.0)
-    dense_result = fms(codes, labels, removals=3)
-    np.testing.assert_array_equal(sparse_result.cut_accuracy, dense_result.cut_accuracy)
-    np.testing.assert_array_equal(sparse_result.per_concept, dense_result.per_concept)
-    np.testing.assert_array_equal(sparse_result.root_feature, dense_result.root_feature)
-
-
 def test_bad_inputs_raise_clear_errors() -> None:
     codes = np.ones((8, 3))
     y = np.array([1, 0] * 4, dtype=bool)
@@ -184,5 +257,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
         fms(codes, y, removals=0)
     with pytest.raises(ValueError, match="levels"):
         fms(codes, y, levels="notebook")
+    with pytest.raises(ValueError, match="exhausted"):
+        fms(codes, y, exhausted="zero")
     with pytest.raises(ValueError, match="codes"):
         fms(np.ones(8), y)

@@ -61,7 +61,7 @@ def test_fbmp_hand_computed_with_early_stop_tie_and_empty_attribute() -> None:
 
 
 def _reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int) -> list[list[int]]:
-    """Straight per-attribute, per-latent loop over scikit-learn scorers (SPEC.md B pseudo-code)."""
+    """Straight per-attribute, per-latent loop over scikit-learn scorers (the FBMP pseudo-code of docs/science.md §3)."""
     coalitions = []
     for a in range(labels.shape[1]):
         y = labels[:, a]

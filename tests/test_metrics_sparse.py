@@ -78,7 +78,8 @@ def test_hand_case_binarise_sparse_keeps_only_active_entries():
 
 
 def test_hand_case_tapas_and_delta_stay_from_sparse_codes():
-    """The dense tests' TAPAScore hand case (test_metrics_tapas) as CSR: TAPAScore 1, delta_add 1/2, delta_rem -1/2."""
+    """The dense tests' TAPAScore hand case (test_metrics_tapas) as CSR: published, TAPAScore 7/6 (delta_add 2/3 over
+    the pairs that add, delta_rem -1/2); counting every pair ("zero"), TAPAScore 1, delta_add 1/2."""
     coalitions = [np.array([0, 1]), np.array([2, 3]), np.array([3, 4])]
 
     def codes(on):
@@ -90,7 +91,9 @@ def test_hand_case_tapas_and_delta_stay_from_sparse_codes():
     before, after = codes([[0], [2, 3], [1], []]), codes([[2], [3, 4], [1], []])
     added, removed = np.array([1, 2, -1, 0]), np.array([0, 1, 0, 2])
     result = tapascore(before, after, added, removed, coalitions)
-    assert (result.score, result.delta_add, result.delta_rem) == (1.0, 0.5, -0.5)
+    assert (result.score, result.delta_add, result.delta_rem) == pytest.approx((7 / 6, 2 / 3, -0.5), abs=1e-15)
+    zero = tapascore(before, after, added, removed, coalitions, empty="zero")
+    assert (zero.score, zero.delta_add, zero.delta_rem) == (1.0, 0.5, -0.5)
     assert (result.n_pairs, result.n_add, result.n_rem) == (4, 3, 4)
     # Delta-stay: pair 1 has attribute 0 present besides its edit (1 -> 2); its coalition {0, 1} is off on both sides.
     present = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=bool)
@@ -132,11 +135,12 @@ def test_random_tapas_and_delta_stay_sparse_equal_dense(seed):
     removed = rng.integers(0, attributes, pairs)
     present = rng.random((pairs, attributes)) < 0.5
     fmt = FORMATS[seed % len(FORMATS)]
-    for empty in ("zero", "skip"):
-        assert tapascore(fmt(before), fmt(after), added, removed, coalitions, empty) == tapascore(before, after, added, removed, coalitions, empty)
-    sparse_stay = delta_stay(fmt(before), fmt(after), present, added, removed, coalitions)
-    dense_stay = delta_stay(before, after, present, added, removed, coalitions)
-    assert sparse_stay == dense_stay or (np.isnan(sparse_stay) and np.isnan(dense_stay))
+    for empty in ("drop_pair", "zero", "skip"):
+        ours, dense = tapascore(fmt(before), fmt(after), added, removed, coalitions, empty), tapascore(before, after, added, removed, coalitions, empty)
+        assert ours == dense or all(a == b or (np.isnan(a) and np.isnan(b)) for a, b in zip(vars(ours).values(), vars(dense).values()))
+        sparse_stay = delta_stay(fmt(before), fmt(after), present, added, removed, coalitions, empty)
+        dense_stay = delta_stay(before, after, present, added, removed, coalitions, empty)
+        assert sparse_stay == dense_stay or (np.isnan(sparse_stay) and np.isnan(dense_stay))
 
 
 @pytest.mark.parametrize("seed", range(3))

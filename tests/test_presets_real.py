@@ -18,9 +18,10 @@ import pytest
 import yaml
 from PIL import Image
 
+from cli.main import SMOKE, main
 from pipeline.config import validate_params
 from pipeline.paths import Layout
-from stages.cli import SMOKE, main, preset_text
+from pipeline.presets import preset_text
 
 REAL = ("clip-imagenet", "syncub", "syncoco")
 
@@ -65,7 +66,7 @@ def test_full_presets_validate_and_dry_run_their_whole_dag(tmp_path, monkeypatch
     for name in REAL:
         (repo / "params.yaml").write_text(preset_text(name))
         cells = validate_params(yaml.safe_load(preset_text(name))).cells()
-        check = subprocess.run([sys.executable, "-m", "stages.cli", "validate"], cwd=repo, env=env(), capture_output=True, text=True)
+        check = subprocess.run([sys.executable, "-m", "cli", "validate"], cwd=repo, env=env(), capture_output=True, text=True)
         assert cells and check.returncode == 2, check.stdout + check.stderr
         lines = check.stderr.removeprefix("error: ").splitlines()
         assert len(lines) == 1 and lines[0].startswith("params.yaml: encoder.weights: ") and "not in the local cache" in lines[0], lines
@@ -87,7 +88,7 @@ def test_clip_imagenet_smoke_runs_end_to_end_under_dvc(tmp_path):
     from tests.scratch import git, scratch_copy
 
     repo = scratch_copy(tmp_path)
-    made = subprocess.run([sys.executable, "-m", "stages.cli", "smoke", "clip-imagenet", "--force"], cwd=repo, env=smoke_env(),
+    made = subprocess.run([sys.executable, "-m", "cli", "smoke", "clip-imagenet", "--force"], cwd=repo, env=smoke_env(),
                           capture_output=True, text=True)
     assert made.returncode == 0, made.stderr[-2000:]
     assert sum(1 for _ in (repo / "smoke" / "imagenet").rglob("*.png")) == 64

@@ -13,15 +13,15 @@ import yaml
 from PIL import Image
 from safetensors.torch import save_file
 
+from cli.main import main as cli
 from pipeline.config import validate_params
 from pipeline.data.dataset import open_dataset
 from pipeline.paths import Layout
+from pipeline.presets import preset_text
 from pipeline.store import open_store
 from stages import data as data_stage
 from stages import encoder as encoder_stage
 from stages import extract as extract_stage
-from stages.cli import main as cli
-from stages.cli import preset_text
 from stages.data import main as data_main
 
 ARCH = "tiny-vit-stage-test"

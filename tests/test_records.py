@@ -39,7 +39,7 @@ def test_a_non_finite_number_is_null_with_its_reason_beside_it(tmp_path):
 def test_degenerate_metric_inputs_give_their_reason_in_the_record():
     all_zero = fms(np.zeros((8, 3)), np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool))
     nothing_matched = tapascore(np.zeros((2, 3), bool), np.zeros((2, 3), bool), np.array([0, 1]), np.array([1, 0]),
-                                [np.array([], np.int64), np.array([], np.int64)])
+                                [np.array([], np.int64), np.array([], np.int64)], empty="zero")
     record = jsonable({"fms": all_zero.fms, "tapas": nothing_matched.score, "delta_add": nothing_matched.delta_add})
     assert record["fms"] is None and "no concept" in record["fms_undefined"]
     assert record["tapas"] is None and "no pair has a non-empty" in record["tapas_undefined"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pipeline.data.phrases import name_phrases, words
-from pipeline.data.world.captions import attribute_phrases
 from pipeline.data.world.scenes import generate_multi, generate_objects
+from pipeline.data.world.texts import attribute_phrases
 from pipeline.data.world.vocabulary import object_attribute_names
 from pipeline.explain.relevance import describes_image_rate, normalise_phrases, relevance, stated_attributes
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from stages.cli import main as cli
-from stages.cli import preset_text
+from cli.main import main as cli
+from pipeline.presets import preset_text
 from tests.scratch import copy_repo, dvc, env, outputs, run_dvc
 
 # --- malformed params files ---------------------------------------------------------------------------------------

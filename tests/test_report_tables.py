@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.explain.run import explain_run
+from pipeline.explain.explanations import explain_run
 from pipeline.report.tables import (
     best_run,
     best_runs,
     best_score,
+    confusion,
     conventions,
     example_table,
+    explorer,
     family_separation,
-    latent_browser,
     rates_table,
     report_images,
     separation,
@@ -21,21 +22,21 @@ from pipeline.report.tables import (
 from pipeline.scoring.options import EvaluateSettings
 
 
-def metrics(run: str, method: str, objects: float | None, multi: float = 0.0) -> dict:
+def metrics(run: str, method: str, objects: float | None, multi: float = 0.0, k: int = 8) -> dict:
     concepts = {"multi": {"trained": {"match_score": multi}}}
     if objects is not None:
         concepts = {"objects": {"trained": {"match_score": objects}}, **concepts}
-    return {"run": run, "method": method, "concepts": concepts}
+    return {"run": run, "method": method, "k": k, "concepts": concepts}
 
 
-def test_best_runs_use_the_objects_match_score() -> None:
-    runs = [metrics("cedar-8", "cedar", 0.4, multi=0.9), metrics("cedar-16", "cedar", 0.6), metrics("topk-64-8", "topk", 0.5),
-            metrics("topk-128-8", "topk", float("nan"))]
-    assert best_runs(runs) == {"cedar": "cedar-16", "topk": "topk-64-8"}
+def test_best_runs_use_the_objects_match_score_and_never_compare_across_k() -> None:
+    runs = [metrics("cedar-8", "cedar", 0.4, multi=0.9), metrics("cedar-16", "cedar", 0.6, k=16), metrics("topk-64-8", "topk", 0.5),
+            metrics("topk-128-8", "topk", float("nan")), metrics("topk-64-16", "topk", 0.2, k=16)]
+    assert best_runs(runs) == {("cedar", 8): "cedar-8", ("cedar", 16): "cedar-16", ("topk", 8): "topk-64-8", ("topk", 16): "topk-64-16"}
     assert best_run(runs) == "cedar-16"
     assert best_score(metrics("x", "m", None, multi=0.3)) == 0.3  # no objects kind: the first kind
     assert best_score({"run": "x", "method": "m", "concepts": {}}) == float("-inf")
-    assert best_runs([metrics("a", "m", 0.5), metrics("b", "m", 0.5)]) == {"m": "a"}  # ties: the first
+    assert best_runs([metrics("a", "m", 0.5), metrics("b", "m", 0.5)]) == {("m", 8): "a"}  # ties: the first
     with pytest.raises(ValueError, match="runs"):
         best_run([])
 
@@ -44,10 +45,10 @@ def test_best_runs_use_the_objects_match_score() -> None:
 def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None:
     e = explain_run(identity_run["model"], 1, identity_run["decoder"], [identity_run["kind"]], identity_run["concepts"], identity_run["b"], identity_run["settings"])
     explains = {"identity-1": {"run": "identity-1", "method": "identity", **e}, "identity-2": {"run": "identity-2", "method": "identity", **e}}
-    runs = [metrics("identity-1", "identity", 0.7), metrics("identity-2", "identity", 0.2)]
+    runs = [{**metrics("identity-1", "identity", 0.7, k=1), "size": 4}, {**metrics("identity-2", "identity", 0.2, k=1), "size": 4}]
+    runs[0]["concepts"]["objects"]["trained"]["coalitions"] = [[0], [1, 5], [], []]  # red: latent +0; green: +1 and -1
     best = best_runs(runs)
-    browser = latent_browser(runs, explains, best)
-    assert [(b["method"], b["run"], b["score"]) for b in browser] == [("identity", "identity-1", 0.7)]
+    assert best == {("identity", 1): "identity-1"}
     examples = example_table(explains, best)
     assert [x["row"] for x in examples] == [40, 41] and examples[0]["dense_caption"] == "a red thing"
     assert examples[0]["runs"] == [{"method": "identity", "run": "identity-1", "k": 1, "concepts": [["red", 1.0]],
@@ -57,7 +58,26 @@ def test_report_view_puts_the_best_runs_side_by_side(identity_run: dict) -> None
     assert [r["run"] for r in table["objects"]] == ["identity-1", "identity-2"]
     assert table["objects"][0]["relevance"]["dense_precision"] == 0.5 and table["objects"][0]["sparse"] == 1.0
     assert table["objects"][0]["attribute_precision"] == {"dense": 1.0, "sparse": 1.0, "topk_original": 1.0}
-    assert report_images(browser, examples) == ([40, 41, 42, 43], [7])
+    assert report_images(list(explains.values())) == ([40, 41, 42, 43], [7])
+    view = explorer(runs, explains, {"objects": ["red", "green", "blue", "yellow"]}, {"r40": 0, "r41": 1, "p7b": 5})
+    assert view["tiles"] == {40: 0, 41: 1}
+    assert [(r["run"], r["k"], r["size"], r["score"]) for r in view["runs"]] == [("identity-1", 1, 4, 0.7), ("identity-2", 1, 4, 0.2)]
+    words = view["words"]
+    first = view["runs"][0]["latents"][0]
+    assert (first["id"], first["r"], [words[w] for w in first["n"]]) == ("+0", [40], ["red", "green"])
+    assert [words[first["m"]["objects"][0]], first["m"]["objects"][1]] == ["red", 1.0]
+    assert {k: [words[w] for w in v] for k, v in first["c"].items()} == {"objects": ["red"]}
+    second = view["runs"][0]["latents"][1]
+    assert {k: [words[w] for w in v] for k, v in second["c"].items()} == {"objects": ["green"]}
+    assert view["runs"][1]["latents"][0]["c"] == {}  # identity-2 records no coalitions
+    assert view["runs"][0]["pairs"][0]["before"] == 5 and view["runs"][0]["pairs"][0]["after"] == -1  # -1: no image
+    assert set(view["runs"][0]["floor"]) == {"n", "mean", "p95", "max"}
+    assert len(words) == len(set(words)), "every word once"
+
+
+def test_confusion_rows_are_shares_of_each_true_value() -> None:
+    (table,) = confusion({"shape": {"accuracy": 0.75, "confusion": [[3, 1], [0, 0]]}, "size": {"accuracy": 1.0}}, {"shape": ["circle", "square"]})
+    assert table["names"] == ["circle", "square"] and table["rows"] == [[[0.75, 3], [0.25, 1]], [[0.0, 0], [0.0, 0]]]
 
 
 def concept_record(run: str, method: str, trained: float, untrained: float, random: float) -> dict:
@@ -117,15 +137,16 @@ def test_family_separation_names_the_k_where_a_seen_family_does_not_separate() -
 
 def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
     published = conventions(EvaluateSettings())
-    assert [c["deviation"] for c in published] == [False] * 4
-    assert published[0]["value"] == "1e-08" and published[1]["value"] == "counts as 0"
-    ours = {c["convention"]: c for c in conventions(EvaluateSettings(active_threshold=0.0, tapas_empty="skip", fms_removals=(1,),
-                                                                    fms_levels="paper"))}
+    assert [c["deviation"] for c in published] == [False] * 5
+    assert published[0]["value"] == "1e-08" and published[1]["value"] == "is left out if its added coalition is empty"
+    ours = {c["convention"]: c for c in conventions(EvaluateSettings(active_threshold=0.0, tapas_empty="zero", fms_removals=(1,),
+                                                                    fms_levels="paper", fms_exhausted="majority"))}
     assert all(c["deviation"] for c in ours.values())
-    assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "is left out"
+    assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "counts as 0"
+    assert ours["FMS: a removal count with no latent left to split"]["value"] == "scores the majority rate"
     assert ours["FMS: removals averaged"]["published"] == "1..9"
     relu = "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"
     with_methods = conventions(EvaluateSettings(), {"topk": {}, "relu": {"rescale": False, "l1_coef": 0.05}})
-    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[4:]] == [(relu, "off", False)]
-    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[4:]
+    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[5:]] == [(relu, "off", False)]
+    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[5:]
     assert (rescaled["value"], rescaled["published"], rescaled["deviation"]) == ("on", "off", True)

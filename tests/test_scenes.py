@@ -10,7 +10,7 @@ import pytest
 from pipeline.data.table import assign_split
 from pipeline.data.world import render
 from pipeline.data.world import scenes as world
-from pipeline.data.world.captions import with_articles, zero_shot_prompts
+from pipeline.data.world.texts import with_articles, zero_shot_prompts
 from pipeline.data.world.vocabulary import CATEGORIES, DISTRACTORS, FAMILIES, object_attribute_names, vocabulary
 
 

@@ -71,7 +71,7 @@ def toy(n: int = 600, seed: int = 0) -> tuple[ConceptData, np.ndarray, np.ndarra
     return data, x, np.stack([before, after])
 
 
-def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes: dict) -> VariantCodes:
+def variant(model, data: ConceptData, x: np.ndarray, pairs: np.ndarray, probes) -> VariantCodes:
     """The codes of `model` held in memory, and its probe scores streamed over the test rows in 3 blocks."""
     every = ArrayCodes(np.arange(len(x)), model.sparse_latents(x))
     stream = ProbeStream(probes, data)
@@ -95,9 +95,9 @@ def test_tapascore_per_edited_family_by_hand():
     model.fit_init(torch.as_tensor(x[data.match_rows]))
     probes = fit_family_probes(data, seed=0, max_n=20_000)
     settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
-    tapas = concept_metrics(variant(model, data, x, pairs, probes), variant(model, data, x, pairs, probes), data, settings, seed=0)["trained"]["tapas"]
-    assert tapas["score"] == pytest.approx(1.0) and tapas["n_pairs"] == 40
-    assert {f: (v["score"], v["n_pairs"]) for f, v in tapas["families"].items()} == {"moved": (2.0, 20), "frozen": (0.0, 20)}
+    tapas = concept_metrics(variant(model, data, x, pairs, probes), variant(model, data, x, pairs, probes), data, settings, seed=0).trained.tapas
+    assert tapas.overall.score == pytest.approx(1.0) and tapas.overall.n_pairs == 40
+    assert {f: (v.score, v.n_pairs) for f, v in tapas.families.items()} == {"moved": (2.0, 20), "frozen": (0.0, 20)}
 
 
 def test_aligned_axes_match_perfectly_and_respond_to_edits():
@@ -109,23 +109,25 @@ def test_aligned_axes_match_perfectly_and_respond_to_edits():
     probes = fit_family_probes(data, seed=0, max_n=20_000)
     settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
     result = concept_metrics(variant(model, data, x, pairs, probes), variant(twin, data, x, pairs, probes), data, settings, seed=0)
-    trained = result["trained"]
+    trained = result.trained
     # each attribute is exactly "coordinate a is the largest": its +a half-axis fires iff the attribute holds
-    assert trained["match_score"] == pytest.approx(1.0)
-    assert trained["matching"]["fbmp_b0.5"]["test"][3] == pytest.approx(1.0)
-    assert trained["tapas"]["score"] == pytest.approx(2.0)
-    assert np.isnan(trained["delta_stay"]), "one family: no attribute stays present outside the edit"
-    assert result["random"]["tapas"]["score"] < 0.5
-    assert result["delta_match_score"] == pytest.approx(1.0 - result["untrained"]["match_score"])
-    assert trained["probe"]["kl"] >= 0 and result["random"]["probe"] is None
-    assert set(trained["matching"]) == {"fbmp_b0.25", "fbmp_b0.5", "fbmp_b1", "one_to_one"}
+    assert trained.match_score == pytest.approx(1.0)
+    assert trained.matching.fbmp[0.5][3].test == pytest.approx(1.0)
+    assert trained.tapas.overall.score == pytest.approx(2.0)
+    assert np.isnan(trained.delta_stay), "one family: no attribute stays present outside the edit"
+    assert result.random.tapas.overall.score < 0.5
+    assert result.delta_match_score == pytest.approx(1.0 - result.untrained.match_score)
+    assert result.delta_matching.fbmp[0.5][3] == result.delta_match_score
+    assert result.delta_matching.one_to_one == pytest.approx(trained.matching.one_to_one.match - result.untrained.matching.one_to_one.match)
+    assert trained.probe.kl >= 0 and result.random.probe is None
+    assert set(trained.matching.fbmp) == {0.25, 0.5, 1.0} and set(trained.matching.fbmp[0.5]) == set(settings.match_ks)
 
 
 def test_held_out_scores_streamed_in_blocks_equal_one_pass():
     data, x, pairs = toy(n=500, seed=2)
     model = build("pca", 4, 4, 2)
     model.fit_init(torch.as_tensor(x[data.match_rows]))
-    codes = variant(model, data, x, pairs, {})
+    codes = variant(model, data, x, pairs, None)
     settings = EvaluateSettings(batch_size=17)  # many blocks, the last one short
     scores, _ = matching_scores(codes, data, settings)
     active_match = binarise(codes.match.codes(data.match_rows))
@@ -134,7 +136,7 @@ def test_held_out_scores_streamed_in_blocks_equal_one_pass():
     for beta in settings.betas:
         m = fbmp(active_match, data.y_match, beta=beta, k=max(settings.match_ks))
         for k in settings.match_ks:
-            assert scores[f"fbmp_b{beta:g}"]["test"][k] == nan_mean(coalition_f1(active_test, y_test, [c[:k] for c in m.coalitions]))
+            assert scores.fbmp[beta][k].test == nan_mean(coalition_f1(active_test, y_test, [c[:k] for c in m.coalitions]))
     one = dataclasses.replace(settings, batch_size=10_000)
     assert matching_scores(codes, data, one)[0] == scores
 
@@ -148,19 +150,19 @@ def test_probe_stream_equals_the_probe_on_all_test_rows_at_once():
     probes = fit_family_probes(data, seed=0, max_n=20_000)
     streamed = variant(model, data, x, pairs, probes).probe
     rows = data.test_rows
-    once = probe_scores(probes["f"], x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
+    (once,) = probe_scores(probes, x[rows], model(torch.as_tensor(x[rows])).detach().numpy(), np.argmax(data.labels(rows), axis=1))
     for field in ProbeStream.FIELDS:
-        assert streamed[field] == pytest.approx(getattr(once, field), rel=1e-12, abs=1e-12)
+        assert getattr(streamed, field) == pytest.approx(getattr(once, field), rel=1e-12, abs=1e-12)
 
 
 def test_the_probes_are_fitted_on_a_seeded_subsample_of_at_most_probe_max_n_matching_rows():
     from pipeline.data.dataset import sample_rows
-    from pipeline.metrics.probe import fit_probe
+    from pipeline.metrics.probe import fit_probes
 
     data, x, _ = toy()
     keep = sample_rows(np.arange(len(data.match_rows)), 40, 0)
-    expected = fit_probe(x[data.match_rows[keep]], np.argmax(data.labels(data.match_rows[keep]), axis=1), seed=0)
-    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=40)["f"].coef_, expected.coef_)
-    every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))["f"]
-    assert not np.array_equal(every.coef_, expected.coef_)
-    np.testing.assert_array_equal(fit_family_probes(data, seed=0, max_n=10**6)["f"].coef_, every.coef_)
+    expected = fit_probes(x[data.match_rows[keep]], np.argmax(data.labels(data.match_rows[keep]), axis=1)[:, None])
+    assert torch.equal(fit_family_probes(data, seed=0, max_n=40).weight, expected.weight)
+    every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))
+    assert not torch.equal(every.weight, expected.weight)
+    assert torch.equal(fit_family_probes(data, seed=0, max_n=10**6).weight, every.weight)

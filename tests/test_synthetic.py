@@ -14,8 +14,8 @@ from pipeline.data import synthetic
 from pipeline.data.dataset import open_dataset
 from pipeline.data.options import SyntheticSettings
 from pipeline.paths import Layout
+from pipeline.presets import preset_text
 from pipeline.store import open_store
-from stages.cli import preset_text
 
 
 def write(tmp_path, seed: int = 0, **overrides):

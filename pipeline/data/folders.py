@@ -4,7 +4,7 @@ The layout of torchvision's ImageFolder: every sub-folder of `root` is one class
 (at any depth, suffix in `table.IMAGE_EXTENSIONS`, case-insensitive) is one example of that class. Hidden
 files and folders (".DS_Store", ".cache/") are skipped; other files with a non-image suffix are skipped with
 a warning. Classes and files are sorted, so the table (and its seeded, class-stratified split) is the same
-on every machine. Used for linear probes (SPEC C: LP needs the dataset's classes).
+on every machine. Used for linear probes (docs/science.md §3: LP needs the dataset's classes).
 """
 
 from __future__ import annotations

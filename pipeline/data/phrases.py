@@ -2,7 +2,7 @@
 
 The concept evaluation reads generated captions and decides which attributes they state
 (`pipeline.explain.relevance`). What counts as stating an attribute is knowledge of the dataset: the
-procedural world knows its caption synonyms (`pipeline.data.world.captions.attribute_phrases`); a real
+procedural world knows its caption synonyms (`pipeline.data.world.texts.attribute_phrases`); a real
 dataset states an attribute by its name or by a word of its name that no other attribute uses
 (`name_phrases`). The data stage records the phrases of every attribute in the dataset (meta.json "phrases").
 """

@@ -6,7 +6,7 @@ the real encoder architecture with random weights) without a network:
 
 - `write_folders`: ImageNet-style class folders (`pipeline.data.folders`): 64 object scenes in 4 classes (their
   shape), 16 images each;
-- `write_syncub`: a synCUB copy (`pipeline.data.syn`): metadata.csv, attributes.txt in the CUB format
+- `write_syncub`: a synCUB copy (`pipeline.data.syn_benchmarks`): metadata.csv, attributes.txt in the CUB format
   ("<id> has_<family>::<value>", the scene world's object families) and 32 pairs of object scenes (the base image
   and the same scene with one attribute changed): 64 images;
 - `write_syncoco`: a synCOCO copy: 32 pairs of multi-object scenes with one object removed, their 12 categories

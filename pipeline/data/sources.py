@@ -35,10 +35,10 @@ from pipeline.data.folders import load_folders
 from pipeline.data.images import SquareUint8, iter_image_batches
 from pipeline.data.options import FileSettings, SceneKind, ScenesSettings
 from pipeline.data.phrases import name_phrases
-from pipeline.data.syn import load_syn
+from pipeline.data.syn_benchmarks import load_syn
 from pipeline.data.table import assign_split
 from pipeline.data.world import scenes as world
-from pipeline.data.world.captions import attribute_phrases, zero_shot_prompts
+from pipeline.data.world.texts import attribute_phrases, zero_shot_prompts
 from pipeline.data.world.vocabulary import DISTRACTORS, vocabulary
 from pipeline.store import Store, StoreWriter
 

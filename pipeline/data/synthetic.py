@@ -1,6 +1,6 @@
 """The synthetic scale source: planted sparse concepts written straight to embeddings, chunk by chunk.
 
-The model (settings: `pipeline.data.sources.SyntheticSettings`). There are A = families x values binary concepts,
+The model (settings: `pipeline.data.options.SyntheticSettings`). There are A = families x values binary concepts,
 concept (f, v) named "f<f>v<v>" (zero-padded, "f03v07") with a unit direction D[f, v] in R^d (Gaussian, normalised; A may exceed d, as
 real features outnumber dimensions). Row r has exactly one value v_rf of every family f (uniform, independent): its
 labels are one-hot per family (CUB-like, so probes, relevance and attribute-edit pairs all apply), and its

@@ -1,4 +1,4 @@
-"""Concept naming: the concept-based interpretability mode (SPEC section A).
+"""Concept naming: the concept-based interpretability mode (docs/science.md §1).
 
 Every latent of a sparse model has a direction in the original embedding space:
 - rotation models (CEDAR and the rotation baselines) have signed codes; axis i gives two latents,

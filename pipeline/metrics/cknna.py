@@ -1,4 +1,4 @@
-"""CKNNA: centred kernel nearest-neighbour alignment (Huh et al. 2024, SPEC.md C).
+"""CKNNA: centred kernel nearest-neighbour alignment (Huh et al. 2024; docs/science.md §3).
 
 Linear kernels K = A A^T and L = B B^T over the same n items. Each row keeps its k nearest
 neighbours under a kernel (largest kernel values, the diagonal excluded). Similarity between two

@@ -12,13 +12,42 @@ Per binary concept c:
   monosemantic concept falls to chance once its latent is gone (the factor 2 maps a drop from 1 to 0.5 onto 1).
 - `FMS@p = accs_0 (FMS_local@p + FMS_global) / 2`, averaged over concepts.
 
-Two conventions differ between the published evaluation code and the paper's formula; both are options, the
-published code's is the default (`pipeline.scoring.options.EvaluateSettings`, stated in the report):
+Three conventions differ between the published evaluation code and the paper's formula or our earlier choice; each
+is an option, the published code's is the default (`pipeline.scoring.options.EvaluateSettings`, stated in the
+report):
 - `removals`: the published score averages FMS@p over p = 1..9 removals (`PUBLISHED_REMOVALS`); a single p gives
   the paper's FMS@p (the paper reports p = 1 and p = 5).
 - `levels`: "published" averages the global term over every tree level except the root split *including* the
   no-split level (the majority-class accuracy, depth 0), whose term is negative, so FMS_global can exceed 1;
   "paper" uses the levels 2 .. D only (a tree of depth 1 then has FMS_global = 1).
+- `exhausted`: once p removals leave no latent that can split the concept's rows, the refitted tree is a single
+  leaf. "drop" (published): that count has no root-split accuracy and leaves the mean over `removals` (the
+  published tree statistics give such a tree an undefined accuracy, and the mean skips it); a concept with no
+  count left is undefined (NaN). "majority" (our earlier choice): the count scores the majority rate. The published
+  code also reads the leaf's feature marker (-2) as a latent index and zeroes the second-to-last latent of the
+  rows before the next refit; we do not copy that bug (it zeroes a latent that was never a root; within the chain
+  it changes no number, since every latent is constant on those rows by then).
+
+How the trees are grown (torch, on `device`, exactly as scikit-learn's `DecisionTreeClassifier(criterion="gini")`
+grows them, which this module used until it moved to the device; tests/test_metrics_fms.py keeps scikit-learn as
+the reference):
+- A split of a node is a latent and a threshold between two consecutive distinct values of it on the node's rows
+  (values closer than 1e-7 count as one, as in scikit-learn); the best split maximises scikit-learn's Gini proxy
+  (-n_right gini_right - n_left gini_left, the same float64 formula). A node is split while it holds both classes and
+  some latent is not constant on its rows; otherwise it is a leaf.
+- Ties: scikit-learn visits the latents of each node in a random order and keeps the first best split; we keep
+  the best split of the lowest latent index, and within a latent the lowest threshold (as scikit-learn does within
+  a latent). Where two latents tie with different rows on each side (frequent in the deep levels of trees that fit
+  noise, rare at the root), the two trees differ below that node: on random sparse codes the per-concept scores
+  differ by about as much as scikit-learn's own differ between its random states (~0.003 per concept).
+- Work is level by level, vectorised over every node of every concept of a block at once, on the non-zero entries
+  of the rows only: entries sorted once by (node, latent, value) stay sorted when nodes split (a stable partition
+  per level, no re-sort), each (node, latent) group's zeros are one block whose class counts come from the node's
+  totals, and the split search is a segmented cumulative sum. A level costs O(non-zeros of the rows still in
+  impure nodes); one host sync per level reads the sizes.
+- The removal chain needs no refits: zeroing a latent makes it constant and changes no other latent's splits of the
+  root, so the stump after p removals is the p-th best latent of the root (latents ranked by their best root split,
+  ties by index); every removal count comes from the root level's search.
 
 Choices, documented:
 - Accuracies are in-sample (the tree is evaluated on the rows it was fitted on), as published: the score
@@ -26,8 +55,6 @@ Choices, documented:
 - Truncated-tree accuracy is computed exactly from the node class counts: every row sits in the node it reaches
   at the cut depth (or in a shallower leaf) and gets that node's majority class.
 - Removal = zeroing the latent's column (as published); a zeroed column is constant and can no longer split.
-  Each refit is a stump (max_depth=1): only its root split is read, which is the same split a deeper tree would
-  choose first. When no latent can split any more, further removals leave the accuracy at the majority rate.
 - Local and global terms are not clipped (neither does the published code).
 - Class balance (`balanced=True` by default, as the authors' balanced concept sets): per concept every positive
   and as many randomly drawn negatives (at most max_n / 2 of each). The factor 2 in FMS_local presumes balanced
@@ -36,13 +63,9 @@ Choices, documented:
 - Degenerate concepts get NaN, excluded from the mean, with a warning naming the concept: a single class on its
   rows, or codes that cannot split its rows at all (e.g. all-zero codes), where any number would be an artefact.
 - Subsampling: at most `max_n` rows per concept, drawn without replacement with a generator seeded by (seed,
-  concept index), so a concept's rows do not depend on the others. Cost is one deep tree plus max(removals)
-  stumps per concept; measured at 5000 x 4096 with 1% non-zeros (sparse path, one core): ~0.5 s for a concept
-  one latent explains, ~5 s for one no latent explains (the tree grows ~300 levels deep fitting noise); at
-  4000 x 16,384 codes with 32 non-zeros per row, ~3.4 s per noise concept (trees ~490 levels deep). The cost does
-  not grow with the number of rows beyond max_n, but it does with the concepts, and untrained and random codes
-  are the expensive ones. Concepts are spread over `n_jobs` threads (scikit-learn builds trees without the GIL):
-  1.86x faster on 2 cores, the same numbers.
+  concept index), so a concept's rows do not depend on the others.
+- Memory: concepts are grown together in blocks of at most `block_entries` non-zero entries (their rows' non-zeros
+  summed; a concept larger than that is a block of its own), ~150 bytes per entry at the peak of a level.
 """
 
 from __future__ import annotations
@@ -53,22 +76,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import sklearn
+import torch
 from scipy import sparse
-from sklearn.tree import DecisionTreeClassifier
 
 from pipeline.metrics.conventions import PUBLISHED_REMOVALS
 from pipeline.metrics.csr import to_csr
-from pipeline.metrics.threads import thread_map
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
 
-# Codes with at most this fraction of non-zeros are handed to the trees as CSC sparse matrices:
-# scikit-learn's sparse splitter skips the zeros and is ~30x faster on SAE-like codes
-# (5000 x 4096 at 1% density: 3 s instead of 110 s for a deep tree), with the same splits.
-_SPARSE_DENSITY = 0.25
 
+#: scikit-learn's FEATURE_THRESHOLD: sorted values closer than this are one value (no threshold between them)
+_SAME_VALUE = 1e-7
+
+#: non-zero entries grown together at most (a block of concepts); ~150 bytes each at the peak of a level
+BLOCK_ENTRIES = 1 << 22
+#: (node, latent) class-count cells kept at most (int32, two classes, ~3 copies at the peak of a level: ~100 MB)
+DENSE_CELLS = 1 << 22
 
 
 @dataclass
@@ -78,8 +102,9 @@ class FMSResult:
     fms: mean over scored concepts of the per-concept score. per_concept: FMS@p averaged over `removals`.
     root_accuracy: accs_0. local: FMS_local@p averaged over `removals`. global_: FMS_global (per `levels`).
     root_feature: the root latent (-1 if none). depth: depth of the full tree. cut_accuracy: (n_concepts,
-    max(removals) + 1) root-split accuracy after 0 .. max(removals) removals (column 0 = accs_0).
-    removals, levels: the conventions used. n_rows: (n_concepts,) int, rows the trees saw for each concept.
+    max(removals) + 1) root-split accuracy after 0 .. max(removals) removals (column 0 = accs_0; NaN where the chain
+    was exhausted and `exhausted` is "drop"). removals, levels, exhausted: the conventions used. n_rows:
+    (n_concepts,) int, rows the trees saw for each concept.
     """
 
     fms: float
@@ -93,99 +118,484 @@ class FMSResult:
     removals: tuple[int, ...]
     levels: str
     n_rows: np.ndarray
+    exhausted: str = "drop"
 
 
-def _node_depths(tree: object) -> np.ndarray:
-    """Depth of every node (root = 0), walking the tree level by level."""
-    left, right = tree.children_left, tree.children_right  # type: ignore[attr-defined]
-    depth = np.zeros(left.size, dtype=np.int64)
-    frontier = np.array([0])
-    level = 0
-    while frontier.size:
-        kids = np.concatenate([left[frontier], right[frontier]])
-        kids = kids[kids >= 0]
-        level += 1
-        depth[kids] = level
-        frontier = kids
-    return depth
+@dataclass
+class _Candidates:
+    """Every candidate split of one level: (m,) tensors. node, latent: where; left_pos, left_neg: the class counts of
+    the rows at or below `threshold` (a value of the latent); proxy: scikit-learn's Gini proxy, -inf where invalid;
+    group: the (node, latent) group the candidate belongs to."""
+
+    node: torch.Tensor
+    latent: torch.Tensor
+    group: torch.Tensor
+    left_pos: torch.Tensor
+    left_neg: torch.Tensor
+    threshold: torch.Tensor
+    proxy: torch.Tensor
 
 
-def truncated_accuracies(clf: DecisionTreeClassifier) -> np.ndarray:
-    """In-sample accuracy of a fitted tree cut after depth 1 .. D (D = clf.get_depth(), >= 1).
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    out = torch.cumsum(x, 0)
+    return out - x
 
-    Returns a (max(D, 1),) float64 array; entry i-1 is the accuracy when the rows stop at depth i
-    (or at a shallower leaf) and take the majority class of their node. Entry 0 = root split alone.
+
+def _candidates(node: torch.Tensor, latent: torch.Tensor, value: torch.Tensor, positive: torch.Tensor,
+                node_pos: torch.Tensor, node_neg: torch.Tensor) -> tuple[_Candidates, int]:
+    """Every split of every node over every latent, from the nodes' non-zero entries.
+
+    node, latent: int64 (E,), value: float64 (E,) non-zero, positive: bool (E,) the class of the entry's row; sorted
+    by (node, latent, value). node_pos, node_neg: int64 (n_nodes,) class counts of every node (zeros included).
+    A (node, latent) group's rows without an entry hold 0: one block between its negative and positive values.
+    Candidates: "rows <= this entry's value" for each entry, and "rows <= 0" for each group with zeros.
+    Returns the candidates and the number of groups.
     """
-    tree = clf.tree_
-    is_leaf = tree.children_left < 0
-    depth = _node_depths(tree)
-    # tree_.value holds class fractions in recent scikit-learn; weighted_n_node_samples turns them into counts.
-    counts = tree.weighted_n_node_samples[:, None] * tree.value[:, 0, :]
-    correct = np.rint(counts.max(axis=1))
-    total = tree.weighted_n_node_samples[0]
-    max_depth = max(int(depth.max()), 1)
-    levels = np.arange(1, max_depth + 1)
-    frontier = (depth[None, :] == levels[:, None]) | (is_leaf[None, :] & (depth[None, :] < levels[:, None]))
-    return (frontier @ correct) / total
+    n_entries = node.numel()
+    device = node.device
+    start = torch.ones(n_entries, dtype=torch.bool, device=device)
+    start[1:] = (node[1:] != node[:-1]) | (latent[1:] != latent[:-1])
+    group = torch.cumsum(start, 0) - 1
+    first = torch.nonzero(start).squeeze(1)
+    n_groups = first.numel()
+    last = torch.cat([first[1:] - 1, torch.tensor([n_entries - 1], device=device)])
+    pos = positive.to(torch.int64)
+    cum_pos = torch.cumsum(pos, 0)
+    cum_neg = torch.arange(1, n_entries + 1, device=device) - cum_pos
+    before_pos = cum_pos[first] - pos[first]  # (G,) entries of earlier groups
+    before_neg = cum_neg[first] - (1 - pos[first])
+    group_node = node[first]
+    zero_pos = node_pos[group_node] - (cum_pos[last] - before_pos)  # (G,) the group's rows at 0
+    zero_neg = node_neg[group_node] - (cum_neg[last] - before_neg)
+    has_zero = (zero_pos + zero_neg) > 0
+
+    # entry candidates: rows whose value is at most this entry's (the zero block too when the value is positive)
+    above = value > 0
+    left_pos = cum_pos - before_pos[group] + torch.where(above, zero_pos[group], 0)
+    left_neg = cum_neg - before_neg[group] + torch.where(above, zero_neg[group], 0)
+    following = torch.full_like(value, float("nan"))  # the next distinct value up in the node, NaN if none
+    same_group_next = torch.zeros_like(start)
+    same_group_next[:-1] = ~start[1:]
+    following[:-1] = torch.where(same_group_next[:-1], value[1:], following[:-1])
+    into_zeros = (value < 0) & has_zero[group] & ~(following < 0)  # the last negative before the zero block
+    following = torch.where(into_zeros, torch.zeros_like(value), following)
+    entry_valid = following > value + _SAME_VALUE  # False for NaN: no value above
+
+    # zero candidates: the negative entries and the zero block on the left, the positive entries on the right
+    negative = (value < 0).to(torch.int64)
+    neg_left_pos = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, group, pos * negative)
+    neg_left_neg = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, group, (1 - pos) * negative)
+    lowest_positive = torch.full((n_groups,), float("nan"), dtype=value.dtype, device=device)
+    lowest_positive = lowest_positive.scatter_reduce(0, group[above], value[above], "amin", include_self=False)
+    zero_valid = has_zero & (lowest_positive > _SAME_VALUE)
+
+    groups = torch.arange(n_groups, device=device)
+    node_all = torch.cat([node, group_node])
+    lp = torch.cat([left_pos, neg_left_pos + zero_pos]).to(torch.float64)
+    ln = torch.cat([left_neg, neg_left_neg + zero_neg]).to(torch.float64)
+    valid = torch.cat([entry_valid, zero_valid])
+    rp, rn = node_pos[node_all].to(torch.float64) - lp, node_neg[node_all].to(torch.float64) - ln
+    n_left, n_right = lp + ln, rp + rn
+    gini_left = 1.0 - (ln * ln + lp * lp) / (n_left * n_left)  # scikit-learn's Gini, class 0 (negative) first
+    gini_right = 1.0 - (rn * rn + rp * rp) / (n_right * n_right)
+    proxy = torch.where(valid, -n_right * gini_right - n_left * gini_left, -torch.inf)
+    candidates = _Candidates(node=node_all, latent=torch.cat([latent, latent[first]]), group=torch.cat([group, groups]),
+                             left_pos=lp.to(torch.int64), left_neg=ln.to(torch.int64),
+                             threshold=torch.cat([value, torch.zeros(n_groups, dtype=value.dtype, device=device)]), proxy=proxy)
+    return candidates, n_groups
 
 
-Codes = np.ndarray | sparse.csc_matrix
+def _best(candidates: _Candidates, by: torch.Tensor, size: int, rank: torch.Tensor) -> torch.Tensor:
+    """For each of `size` bins of `by` (int64 (m,)), the index of its best candidate (highest proxy, then lowest
+    `rank`), or -1 where the bin has no valid candidate. Returns int64 (size,)."""
+    device = by.device
+    top = torch.full((size,), -torch.inf, dtype=torch.float64, device=device)
+    top = top.scatter_reduce(0, by, candidates.proxy, "amax", include_self=True)
+    best = (candidates.proxy == top[by]) & (candidates.proxy > -torch.inf)
+    big = torch.iinfo(torch.int64).max
+    lowest = torch.full((size,), big, dtype=torch.int64, device=device)
+    lowest = lowest.scatter_reduce(0, by, torch.where(best, rank, big), "amin", include_self=True)
+    chosen = torch.nonzero(best & (rank == lowest[by])).squeeze(1)
+    index = torch.full((size,), -1, dtype=torch.int64, device=device)
+    index[by[chosen]] = chosen
+    return index
 
 
-def _tree_csc(x: sparse.csr_array) -> sparse.csc_matrix:
-    """CSC with int32 indices, what scikit-learn's sparse tree splitter takes (it refuses int64 indices)."""
-    out = sparse.csc_matrix(x)
-    out.indices, out.indptr = out.indices.astype(np.int32), out.indptr.astype(np.int32)
-    return out
+def _majority(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    return torch.maximum(pos, neg)
 
 
-def _zero_column(x: Codes, column: int) -> None:
-    """Remove latent `column` in place (its values become 0, i.e. inactive)."""
-    if sparse.issparse(x):
-        x.data[x.indptr[column] : x.indptr[column + 1]] = 0.0
-        x.eliminate_zeros()
-    else:
-        x[:, column] = 0.0
+def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenated ranges [starts[i], starts[i] + lengths[i]): (positions, the range each belongs to), int64."""
+    owner = torch.repeat_interleave(torch.arange(starts.numel(), device=starts.device), lengths)
+    within = torch.arange(owner.numel(), device=starts.device) - _exclusive_cumsum(lengths)[owner]
+    return starts[owner] + within, owner
 
 
-def _fit(x: Codes, y: np.ndarray, seed: int, max_depth: int | None) -> DecisionTreeClassifier:
-    """A Gini tree; scikit-learn's per-call input and parameter validation is skipped (the inputs were checked once
-    in `fms`, and thousands of small fits per evaluation spent ~15% of their time re-checking them)."""
-    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-        return DecisionTreeClassifier(criterion="gini", max_depth=max_depth, random_state=seed).fit(x, y)
+def _squares(right_pos: torch.Tensor, right_neg: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """g = sum of squared class counts over each side's size, float64: the Gini proxy plus the node's size (the form
+    the bounds use). Sides must be non-empty."""
+    left_pos, left_neg = pos - right_pos, neg - right_neg
+    return (left_pos * left_pos + left_neg * left_neg) / (left_pos + left_neg) + (right_pos * right_pos + right_neg * right_neg) / (right_pos + right_neg)
 
 
-def _root_split_accuracy(x: Codes, y: np.ndarray, seed: int) -> tuple[float, int]:
-    stump = _fit(x, y, seed, max_depth=1)
-    feature = int(stump.tree_.feature[0]) if stump.tree_.children_left[0] >= 0 else -1
-    return float(truncated_accuracies(stump)[0]), feature
+def _count_thresholds(bound: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The least r with g(r, 0) >= bound (a pure positive right side of r rows) and with g(0, r) >= bound, per node
+    (float64 (m,) each; `bound` already relaxed). g(r, 0) >= b  <=>  r (N - P + b) >= b n - P^2 - N^2 (multiply by
+    n - r > 0), and g(r, 0) grows with r; where the slope is not positive or the bound is -inf, 1 (no pruning)."""
+    n = pos + neg
+    need = bound * n - pos * pos - neg * neg
+    out = []
+    for slope in (neg - pos + bound, pos - neg + bound):
+        r = torch.ceil(need / slope - 1e-6)
+        out.append(torch.where((slope > 0) & torch.isfinite(bound), r.clamp(min=1.0), torch.ones_like(r)))
+    return out[0], out[1]
 
 
-def _concept_scores(clf: DecisionTreeClassifier, x: Codes, y: np.ndarray, removals: tuple[int, ...], levels: str,
-                    seed: int) -> tuple[float, float, float, int, int, np.ndarray]:
-    """(accs_0, local, global, root feature, depth, cut accuracies) for one concept from its full tree `clf` fitted on
-    (x, y) (depth >= 1)."""
-    depth = int(clf.get_depth())
-    acc = truncated_accuracies(clf)
-    acc0 = float(acc[0])
-    deeper = acc[1:]
-    if levels == "published":  # the no-split level: every row predicted as the majority class
-        deeper = np.concatenate([[max(y.mean(), 1.0 - y.mean())], deeper])
-    global_ = 1.0 - float(np.mean(deeper - acc0)) if deeper.size else 1.0
-    root = int(clf.tree_.feature[0])
-    p_max = max(removals)
-    cuts = np.empty(p_max + 1)
-    cuts[0] = acc0
-    work = x.copy()
-    removed = root
-    for j in range(1, p_max + 1):
-        if removed < 0:
-            cuts[j:] = cuts[j - 1]
+@dataclass
+class _Fixed:
+    """A block's entries in one fixed order, (concept, latent, value), and what is looked up in it (module docstring).
+
+    sample, latent: int64 (E,), value: float64 (E,). run_key: int64 (R,) concept * L + latent of each (concept,
+    latent) run, ascending; run_start, run_length (R,). by_sample: int64 (E,) entry positions grouped by sample,
+    sample_start, sample_nnz (S,). positive: bool (S,) each sample's class. signed: bool (R,) runs with a negative
+    value (never pruned); unclear: bool (R,) runs with a positive value within 1e-7 of 0 (their zero split may not
+    exist: never a known split). signed_table, unclear_table: bool (C, L) the same by (concept, latent), None when
+    no run is flagged."""
+
+    sample: torch.Tensor
+    latent: torch.Tensor
+    value: torch.Tensor
+    run_key: torch.Tensor
+    run_start: torch.Tensor
+    run_length: torch.Tensor
+    by_sample: torch.Tensor
+    sample_start: torch.Tensor
+    sample_nnz: torch.Tensor
+    positive: torch.Tensor
+    signed: torch.Tensor
+    unclear: torch.Tensor
+    signed_table: torch.Tensor | None
+    unclear_table: torch.Tensor | None
+
+    def runs(self, concept: torch.Tensor, latent: torch.Tensor, n_latents: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entry positions of the runs of (concept, latent) pairs (m,) (pairs without entries give none), and the
+        pair each position belongs to."""
+        key = concept * n_latents + latent
+        run = torch.searchsorted(self.run_key, key).clamp(max=self.run_key.numel() - 1)
+        length = torch.where(self.run_key[run] == key, self.run_length[run], 0)
+        return _ranges(self.run_start[run], length)
+
+    def of_samples(self, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entry positions of these samples (m,), and the sample index (into `samples`) each belongs to."""
+        index, owner = _ranges(self.sample_start[samples], self.sample_nnz[samples])
+        return self.by_sample[index], owner
+
+
+def _fixed(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sample: torch.Tensor, entry_latent: torch.Tensor,
+           entry_value: torch.Tensor, entry_rank: torch.Tensor, n_samples: int, n_latents: int) -> _Fixed:
+    """The block's entries in (concept, latent, value) order (entries come grouped by sample, in sample order, with a
+    rank that orders them by (latent, value)), their runs and flags."""
+    span = int(entry_rank.max()) + 1 if entry_rank.numel() else 1
+    order = torch.argsort(sample_concept[entry_sample] * span + entry_rank)  # the keys are distinct
+    sample, latent, value = entry_sample[order], entry_latent[order], entry_value[order]
+    key = sample_concept[sample] * n_latents + latent
+    start = torch.ones_like(key, dtype=torch.bool)
+    start[1:] = key[1:] != key[:-1]
+    run_start = torch.nonzero(start).squeeze(1)
+    run_length = torch.diff(torch.cat([run_start, torch.tensor([key.numel()], device=key.device)]))
+    run_of = torch.cumsum(start, 0) - 1
+    signed = torch.zeros(run_start.numel(), dtype=torch.bool, device=key.device).index_fill_(0, run_of[value < 0], True)
+    unclear = torch.zeros_like(signed).index_fill_(0, run_of[(value > 0) & (value <= _SAME_VALUE)], True)
+    by_sample = torch.empty_like(order)
+    by_sample[order] = torch.arange(order.numel(), device=order.device)  # entries came in sample order
+    nnz = torch.bincount(entry_sample, minlength=n_samples)
+    n_concepts = int(sample_concept.max()) + 1 if n_samples else 1
+
+    def table(flags: torch.Tensor) -> torch.Tensor | None:
+        if not bool(flags.any()):
+            return None
+        out = torch.zeros(n_concepts * n_latents, dtype=torch.bool, device=key.device)
+        out[key[run_start][flags]] = True
+        return out.view(n_concepts, n_latents)
+
+    return _Fixed(sample=sample, latent=latent, value=value, run_key=key[run_start], run_start=run_start, run_length=run_length,
+                  by_sample=by_sample, sample_start=_exclusive_cumsum(nnz), sample_nnz=nnz, positive=sample_positive, signed=signed,
+                  unclear=unclear, signed_table=table(signed), unclear_table=table(unclear))
+
+
+def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, signed: torch.Tensor | None,
+            unclear: torch.Tensor | None) -> torch.Tensor:
+    """bool (B, L): the (node, latent) groups of dense nodes that may hold the node's best split (module docstring):
+    a group whose positive-valued rows count (mp, mn) has max(g(mp, 0), g(0, mn)) below a split the node is known
+    to have (its largest pure group's zero split) holds no better split, since every split of the group sends a subset
+    of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0) increasing in a. signed, unclear: bool (B, L)
+    or None: groups always searched, and groups whose zero split may not exist."""
+    pos64, neg64 = pos.to(torch.float64), neg.to(torch.float64)
+    clear_pos, clear_neg = (dense_pos, dense_neg) if unclear is None else (torch.where(unclear, 0, dense_pos), torch.where(unclear, 0, dense_neg))
+    pure_pos = torch.where(dense_neg == 0, clear_pos, 0).amax(dim=1).to(torch.float64)
+    pure_neg = torch.where(dense_pos == 0, clear_neg, 0).amax(dim=1).to(torch.float64)
+    zero = torch.zeros_like(pos64)
+    known = torch.maximum(torch.where(pure_pos > 0, _squares(pure_pos, zero, pos64, neg64), -torch.inf),
+                          torch.where(pure_neg > 0, _squares(zero, pure_neg, pos64, neg64), -torch.inf))
+    known = known - 1e-9 * known.abs().clamp(min=1.0)  # relaxed: rounding may only add groups
+    r_pos, r_neg = _count_thresholds(known, pos64, neg64)
+    big = float(torch.iinfo(torch.int32).max)
+    out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
+    return out if signed is None else out | signed
+
+
+@dataclass
+class _Grown:
+    """One block's trees, per concept (host arrays): majority, n (rows), correct: (levels, C) rows classified
+    correctly by the tree cut after level 1, 2, ... (constant once the tree is complete), depth (C,), chain: (C,
+    n_chain) rows classified correctly by the root split after 0, 1, ... removals (-1: no latent left), root (C,)."""
+
+    majority: np.ndarray
+    n: np.ndarray
+    correct: np.ndarray
+    depth: np.ndarray
+    chain: np.ndarray
+    root: np.ndarray
+
+
+def _level_entries(fixed: _Fixed, s_node: torch.Tensor, node_concept: torch.Tensor, dense_node: torch.Tensor,
+                   selected: torch.Tensor | None, direct: torch.Tensor, n_latents: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries whose candidates a level evaluates, as (node, entry position), grouped by (node, latent) in
+    value order: for dense nodes those of the selected groups (bool (B, L), row i = node dense_node[i], -1: none),
+    for the `direct` nodes (bool (N,)) all of their rows' entries."""
+    parts_node, parts_position = [], []
+    if selected is not None:
+        row, latent = torch.nonzero(selected, as_tuple=True)
+        node = dense_node[row]
+        latent = latent[node >= 0]
+        node = node[node >= 0]
+        positions, pair = fixed.runs(node_concept[node], latent, n_latents)
+        node = node[pair]
+        mine = s_node[fixed.sample[positions]] == node
+        parts_node.append(node[mine])
+        parts_position.append(positions[mine])
+    samples = torch.nonzero(direct[s_node.clamp(min=0)] & (s_node >= 0)).squeeze(1)
+    if samples.numel():
+        positions, owner = fixed.of_samples(samples)
+        node = s_node[samples][owner]
+        order = torch.argsort(node * fixed.sample.numel() + positions)  # fixed order within a node: (latent, value)
+        parts_node.append(node[order])
+        parts_position.append(positions[order])
+    if not parts_node:
+        empty = torch.zeros(0, dtype=torch.int64, device=s_node.device)
+        return empty, empty
+    return torch.cat(parts_node), torch.cat(parts_position)
+
+
+def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sample: torch.Tensor, entry_latent: torch.Tensor,
+          entry_value: torch.Tensor, entry_rank: torch.Tensor, n_concepts: int, n_latents: int, n_chain: int, dense_cells: int) -> _Grown:
+    """Grow the Gini trees of `n_concepts` concepts together (module docstring: how).
+
+    sample_concept: int64 (S,) ascending, the concept of each row sample; sample_positive: bool (S,) its class (every
+    concept has both). entry_*: (E,) the samples' non-zero entries grouped by sample, in sample order (sample index,
+    latent, float64 value, and a rank that orders entries by (latent, value)). n_chain: root splits of the removal
+    chain to rank (max(removals) + 1). dense_cells: (node, latent) count cells kept at most (a node without them is
+    searched through its entries).
+    """
+    device = sample_concept.device
+    n_samples = sample_concept.numel()
+    fixed = _fixed(sample_concept, sample_positive, entry_sample, entry_latent, entry_value, entry_rank, n_samples, n_latents)
+    s_positive = sample_positive
+    s_node = sample_concept.clone()
+    node_pos = torch.zeros(n_concepts, dtype=torch.int64, device=device).index_add_(0, s_node, s_positive.to(torch.int64))
+    n = torch.bincount(s_node, minlength=n_concepts)
+    node_neg = n - node_pos
+    node_concept = torch.arange(n_concepts, device=device)
+    node_entries = torch.zeros(n_concepts, dtype=torch.int64, device=device).index_add_(0, s_node, fixed.sample_nnz)
+    majority = _majority(node_pos, node_neg)
+    correct = majority.clone()
+    widest = int(n.max()) + 1  # a node's candidates rank by latent, then rows on the left
+
+    # Dense nodes keep a slot of class counts per latent (a node whose entries outnumber half the latents: scanning L
+    # counts is then cheaper than its entries); a split node's larger child keeps its slot (the smaller child's
+    # counts subtracted), the smaller child takes a free slot if it is dense too and one is free.
+    n_slots = max(1, min(dense_cells // n_latents, 2 * n_concepts))
+    dense_roots = torch.nonzero(2 * node_entries >= n_latents).squeeze(1)[:n_slots]
+    node_slot = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
+    node_slot[dense_roots] = torch.arange(dense_roots.numel(), device=device)
+    slot_node = torch.full((n_slots,), -1, dtype=torch.int64, device=device)
+    slot_node[: dense_roots.numel()] = dense_roots
+    pool_pos = torch.zeros((n_slots, n_latents), dtype=torch.int32, device=device)
+    pool_neg = torch.zeros_like(pool_pos)
+    _add_counts(fixed, torch.arange(n_samples, device=device), node_slot[sample_concept], pool_pos, pool_neg, 1)
+    chain = _rank_chain(fixed, dense_roots, pool_pos[: dense_roots.numel()], pool_neg[: dense_roots.numel()], s_node, node_pos, node_neg,
+                        n_concepts, n_latents, n_chain)
+    root = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
+    levels, split_levels = [], []
+    n_nodes = n_concepts
+    while n_nodes:
+        used = torch.nonzero(slot_node >= 0).squeeze(1)
+        selected, dense_rows = None, slot_node[used]
+        if used.numel():
+            concepts = node_concept[dense_rows]
+            selected = _select(pool_pos[used], pool_neg[used], node_pos[dense_rows], node_neg[dense_rows],
+                               None if fixed.signed_table is None else fixed.signed_table[concepts],
+                               None if fixed.unclear_table is None else fixed.unclear_table[concepts])
+        e_node, e_position = _level_entries(fixed, s_node, node_concept, dense_rows, selected, node_slot < 0, n_latents)
+        if not e_node.numel():
             break
-        _zero_column(work, removed)
-        cuts[j], removed = _root_split_accuracy(work, y, seed)
-    local = float(np.mean([2.0 * (acc0 - cuts[p]) for p in removals]))
-    return acc0, local, global_, root, depth, cuts
+        cands, _ = _candidates(e_node, fixed.latent[e_position], fixed.value[e_position], s_positive[fixed.sample[e_position]],
+                               node_pos, node_neg)
+        pick = _best(cands, cands.node, n_nodes, cands.latent * widest + cands.left_pos + cands.left_neg)
+        split = pick >= 0
+        if not levels:
+            root[split] = cands.latent[pick[split]]
+        if not bool(split.any()):
+            break
+        safe = pick.clamp(min=0)
+        split_latent, threshold = cands.latent[safe], cands.threshold[safe]
+        left_pos, left_neg = cands.left_pos[safe], cands.left_neg[safe]
+        gain = _majority(left_pos, left_neg) + _majority(node_pos - left_pos, node_neg - left_neg) - _majority(node_pos, node_neg)
+        correct.index_add_(0, node_concept, torch.where(split, gain, 0))
+        levels.append(correct.clone())
+        split_levels.append(torch.zeros(n_concepts, dtype=torch.bool, device=device).index_fill_(0, node_concept[split], True))
+
+        # each row of a split node goes left (value <= threshold) or right
+        split_nodes = torch.nonzero(split).squeeze(1)
+        positions, pair = fixed.runs(node_concept[split_nodes], split_latent[split_nodes], n_latents)
+        on = fixed.sample[positions]
+        mine = s_node[on] == split_nodes[pair]
+        sample_value = torch.zeros(n_samples, dtype=fixed.value.dtype, device=device)
+        sample_value[on[mine]] = fixed.value[positions[mine]]
+        node_of = s_node.clamp(min=0)
+        s_split = (s_node >= 0) & split[node_of]
+        right = (sample_value > threshold[node_of]).to(torch.int64)
+        split_rank = torch.cumsum(split.to(torch.int64), 0) - 1
+        child = torch.where(s_split, 2 * split_rank[node_of] + right, -1)
+        n_children = 2 * split_nodes.numel()
+        in_child = child[s_split]
+        child_pos = torch.zeros(n_children, dtype=torch.int64, device=device).index_add_(0, in_child, s_positive[s_split].to(torch.int64))
+        child_n = torch.bincount(in_child, minlength=n_children)
+        child_neg = child_n - child_pos
+        child_entries = torch.zeros(n_children, dtype=torch.int64, device=device).index_add_(0, in_child, fixed.sample_nnz[s_split])
+        active = (child_pos > 0) & (child_neg > 0)  # impure children are the next level's nodes
+        new_id = torch.cumsum(active.to(torch.int64), 0) - 1
+
+        # slots: a split dense node's slot loses its smaller child's counts and goes to the larger child (if that is
+        # a dense node of the next level); the smaller child gets a free slot if it is one; every other slot is freed
+        dense_split = split_nodes[node_slot[split_nodes] >= 0]
+        first_child = 2 * split_rank[dense_split]
+        small_side = (child_entries[first_child + 1] < child_entries[first_child]).to(torch.int64)
+        small, large = first_child + small_side, first_child + 1 - small_side
+        parent_slot = node_slot[dense_split]
+        slot_of_child = torch.full((n_children,), -1, dtype=torch.int64, device=device)
+        slot_of_child[small] = parent_slot
+        moving = torch.nonzero(child >= 0).squeeze(1)
+        moving = moving[slot_of_child[child[moving]] >= 0]  # rows of the smaller children of dense nodes
+        _add_counts(fixed, moving, slot_of_child[child[moving]], pool_pos, pool_neg, -1)
+        dense_next = active & (2 * child_entries >= n_latents)
+        keeps = dense_next[large]
+        slot_of_child.fill_(-1)
+        slot_of_child[large[keeps]] = parent_slot[keeps]
+        kept = torch.zeros(n_slots, dtype=torch.bool, device=device)
+        kept[parent_slot[keeps]] = True
+        freed = torch.nonzero((slot_node >= 0) & ~kept).squeeze(1)
+        pool_pos.index_fill_(0, freed, 0)
+        pool_neg.index_fill_(0, freed, 0)
+        wanting = small[dense_next[small]]
+        free = torch.nonzero(~kept).squeeze(1)[: wanting.numel()]
+        wanting = wanting[: free.numel()]
+        slot_of_child[wanting] = free
+        _add_counts(fixed, moving, torch.where(torch.isin(child[moving], wanting), slot_of_child[child[moving]], -1), pool_pos, pool_neg, 1)
+
+        keep_sample = s_split & active[child.clamp(min=0)]
+        s_node = torch.where(keep_sample, new_id[child.clamp(min=0)], -1)
+        node_concept = node_concept[split_nodes.repeat_interleave(2)][active]
+        node_pos, node_neg = child_pos[active], child_neg[active]
+        node_slot = slot_of_child[active]
+        slot_node = torch.full((n_slots,), -1, dtype=torch.int64, device=device)
+        has = node_slot >= 0
+        slot_node[node_slot[has]] = torch.nonzero(has).squeeze(1)
+        n_nodes = int(active.sum())
+    correct_levels = torch.stack(levels) if levels else torch.zeros((0, n_concepts), dtype=torch.int64, device=device)
+    depth = torch.stack(split_levels).sum(0) if split_levels else torch.zeros(n_concepts, dtype=torch.int64, device=device)
+    return _Grown(majority=majority.cpu().numpy(), n=n.cpu().numpy(), correct=correct_levels.cpu().numpy(),
+                  depth=depth.cpu().numpy(), chain=chain.cpu().numpy(), root=root.cpu().numpy())
+
+
+def _add_counts(fixed: _Fixed, samples: torch.Tensor, slot: torch.Tensor, pool_pos: torch.Tensor, pool_neg: torch.Tensor, sign: int) -> None:
+    """Add `sign` to the class counts of slot[i] for every latent on which samples[i] has a positive value (slot -1:
+    skipped). pool_*: int32 (slots, L), updated in place."""
+    keep = slot >= 0
+    samples, slot = samples[keep], slot[keep]
+    positions, owner = fixed.of_samples(samples)
+    counted = fixed.value[positions] > 0
+    flat = (slot[owner] * pool_pos.shape[1] + fixed.latent[positions])[counted]
+    cls = fixed.positive[samples[owner]][counted]
+    for pool, mask in ((pool_pos, cls), (pool_neg, ~cls)):
+        pool.view(-1).index_add_(0, flat[mask], torch.full((int(mask.sum()),), sign, dtype=torch.int32, device=flat.device))
+
+
+def _ranked(node: torch.Tensor, latent: torch.Tensor, proxy: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The order that sorts groups by (node, proxy descending, latent), and each group's rank within its node (in
+    that order)."""
+    order = torch.argsort(latent, stable=True)
+    order = order[torch.sort(proxy[order], descending=True, stable=True).indices]
+    order = order[torch.argsort(node[order], stable=True)]
+    first = _exclusive_cumsum(torch.bincount(node, minlength=n_nodes))
+    return order, torch.arange(order.numel(), device=node.device) - first[node[order]]
+
+
+def _group_scores(fixed: _Fixed, s_node: torch.Tensor, node_concept: torch.Tensor, dense_node: torch.Tensor, selected: torch.Tensor | None,
+                  direct: torch.Tensor, node_pos: torch.Tensor, node_neg: torch.Tensor, n_latents: int) -> tuple[torch.Tensor, ...]:
+    """The best split of each searched (node, latent) group that has one (`_level_entries` says which are searched):
+    (node, latent, proxy, rows the split classifies correctly), each (m,)."""
+    e_node, e_position = _level_entries(fixed, s_node, node_concept, dense_node, selected, direct, n_latents)
+    empty = torch.zeros(0, dtype=torch.int64, device=s_node.device)
+    if not e_node.numel():
+        return empty, empty, empty.to(torch.float64), empty
+    cands, n_groups = _candidates(e_node, fixed.latent[e_position], fixed.value[e_position], fixed.positive[fixed.sample[e_position]],
+                                  node_pos, node_neg)
+    pick = _best(cands, cands.group, n_groups, cands.left_pos + cands.left_neg)
+    pick = pick[pick >= 0]
+    node, left_pos, left_neg = cands.node[pick], cands.left_pos[pick], cands.left_neg[pick]
+    correct = _majority(left_pos, left_neg) + _majority(node_pos[node] - left_pos, node_neg[node] - left_neg)
+    return node, cands.latent[pick], cands.proxy[pick], correct
+
+
+def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor, dense_neg: torch.Tensor, s_node: torch.Tensor,
+                node_pos: torch.Tensor, node_neg: torch.Tensor, n_concepts: int, n_latents: int, n_chain: int) -> torch.Tensor:
+    """int64 (C, n_chain): rows the root split of the p-th best latent classifies correctly (the root split after p
+    removals), -1 past the last latent that can split. Latents rank by their best root split's proxy, then by index.
+    Of a dense root, only the latents whose bound reaches the n_chain-th best split among its 4 n_chain best-bounded
+    latents are searched."""
+    device = s_node.device
+    concepts = torch.arange(n_concepts, device=device)
+    direct = torch.ones(n_concepts, dtype=torch.bool, device=device)
+    direct[dense_node] = False
+    selected = None
+    if dense_node.numel():
+        pos = node_pos[dense_node].to(torch.float64)[:, None]
+        neg = node_neg[dense_node].to(torch.float64)[:, None]
+        mp, mn = dense_pos.to(torch.float64), dense_neg.to(torch.float64)
+        zero = torch.zeros_like(mp)
+        bound = torch.maximum(torch.where(mp > 0, _squares(mp, zero, pos, neg), -torch.inf),
+                              torch.where(mn > 0, _squares(zero, mn, pos, neg), -torch.inf))
+        if fixed.signed_table is not None:
+            bound = torch.where(fixed.signed_table[dense_node], torch.inf, bound)
+        first = torch.zeros_like(bound, dtype=torch.bool)
+        first.scatter_(1, torch.topk(bound, min(n_latents, 4 * n_chain), dim=1).indices, True)
+        nothing = torch.zeros(n_concepts, dtype=torch.bool, device=device)
+        node, latent, proxy, _ = _group_scores(fixed, s_node, concepts, dense_node, first & (bound > -torch.inf), nothing,
+                                               node_pos, node_neg, n_latents)
+        kth = torch.full((n_concepts,), -torch.inf, dtype=torch.float64, device=device)
+        order, rank = _ranked(node, latent, proxy, n_concepts)
+        at = order[rank == n_chain - 1]
+        kth[node[at]] = proxy[at] + (node_pos + node_neg)[node[at]].to(torch.float64)  # the proxy in the bound's form
+        kth = kth[dense_node]
+        selected = bound >= (kth - 1e-9 * kth.abs().clamp(min=1.0))[:, None]
+    node, latent, proxy, correct = _group_scores(fixed, s_node, concepts, dense_node, selected, direct, node_pos, node_neg, n_latents)
+    order, rank = _ranked(node, latent, proxy, n_concepts)
+    chain = torch.full((n_concepts, n_chain), -1, dtype=torch.int64, device=device)
+    keep = rank < n_chain
+    chain[node[order[keep]], rank[keep]] = correct[order[keep]]
+    return chain
 
 
 def _concept_rows(y: np.ndarray, max_n: int, balanced: bool, rng: np.random.Generator) -> np.ndarray:
@@ -199,35 +609,76 @@ def _concept_rows(y: np.ndarray, max_n: int, balanced: bool, rng: np.random.Gene
     return np.sort(np.concatenate([rng.choice(pos, size=m, replace=False), rng.choice(neg, size=m, replace=False)]))
 
 
+def _blocks(sizes: np.ndarray, limit: int, most: int) -> list[np.ndarray]:
+    """Consecutive runs of at most `most` indices whose `sizes` sum to at most `limit` (a single larger one alone)."""
+    out, current, total = [], [], 0
+    for i, size in enumerate(sizes.tolist()):
+        if current and (total + size > limit or len(current) >= most):
+            out.append(np.array(current))
+            current, total = [], 0
+        current.append(i)
+        total += size
+    if current:
+        out.append(np.array(current))
+    return out
+
+
+def _scores(grown: _Grown, removals: tuple[int, ...], levels: str, exhausted: str) -> tuple[np.ndarray, ...]:
+    """Per concept of a block: (accs_0, local, global, cut accuracies) from its grown trees."""
+    n = grown.n.astype(np.float64)
+    depth = grown.depth
+    acc = grown.correct / n  # (levels, C)
+    acc0 = grown.chain[:, 0] / n
+    majority = grown.majority / n
+    deeper_levels = np.arange(acc.shape[0])[:, None]
+    deeper = (deeper_levels >= 1) & (deeper_levels < depth[None, :])  # levels 2 .. D of each concept
+    # summed in level order (a cumulative sum), so that a concept's score does not depend on the others' depths
+    terms = np.cumsum(np.where(deeper, acc - acc0[None, :], 0.0), axis=0)[-1] if acc.shape[0] else np.zeros_like(acc0)
+    count = deeper.sum(axis=0)
+    if levels == "published":  # the no-split level
+        terms, count = terms + (majority - acc0), count + 1
+    global_ = np.where(count > 0, 1.0 - terms / np.maximum(count, 1), 1.0)
+    cuts = np.where(grown.chain >= 0, grown.chain / n[:, None], np.nan if exhausted == "drop" else majority[:, None])
+    local_terms = 2.0 * (acc0[:, None] - cuts[:, list(removals)])
+    counted = ~np.isnan(local_terms)  # "drop": exhausted counts are NaN and leave the mean
+    summed = np.cumsum(np.where(counted, local_terms, 0.0), axis=1)[:, -1]  # in removal order, whatever the block
+    local = np.where(counted.any(axis=1), summed / np.maximum(counted.sum(axis=1), 1), np.nan)
+    return acc0, local, global_, cuts
+
+
 def fms(
-    codes: np.ndarray,
+    codes: np.ndarray | sparse.sparray | sparse.spmatrix,
     labels: np.ndarray,
     max_n: int = 5000,
     seed: int = 0,
     removals: int | Sequence[int] = PUBLISHED_REMOVALS,
     levels: Literal["published", "paper"] = "published",
     balanced: bool = True,
-    n_jobs: int | None = None,
+    exhausted: Literal["drop", "majority"] = "drop",
+    device: str | torch.device = "cpu",
+    block_entries: int = BLOCK_ENTRIES,
+    dense_cells: int = DENSE_CELLS,
 ) -> FMSResult:
     """Feature Monosemanticity Score of `codes` for binary concepts (see the module docstring).
 
-    codes: (n, n_latents) numeric, finite: a dense array or a scipy.sparse matrix (the same trees either way: the
-    representation the trees see is chosen by the density of the codes, not by their type). labels: (n,) or
-    (n, n_concepts) bool.
+    codes: (n, n_latents) numeric, finite: a dense array or a scipy.sparse matrix (the same numbers either way).
+    labels: (n,) or (n, n_concepts) bool.
     max_n: rows used per concept at most. seed: drives the row subsamples.
     removals: the p of FMS@p, or several to average (default: the published 1..9).
     levels: the levels of the global term, "published" (with the no-split level) or "paper" (2 .. D).
     balanced: per concept, every positive (up to max_n / 2) and as many randomly drawn negatives;
     False = one uniform subsample of max_n rows shared by all concepts, class ratio as in the data.
-    n_jobs: threads the concepts are spread over (default: `available_threads()`); the scores do not depend on it.
-    Loops over concepts and removals (each one a tree fit); nothing loops over rows or latents.
+    exhausted: a removal count that leaves no latent to split: "drop" (published: left out of the mean) or
+    "majority" (scores the majority rate).
+    device: where the trees are grown (a torch device or its name). block_entries, dense_cells: memory bounds (module
+    docstring); the scores do not depend on them.
     """
     if not (isinstance(codes, np.ndarray) or sparse.issparse(codes)) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
         got = getattr(codes, "shape", type(codes))
         raise ValueError(f"codes: expected a non-empty 2-D numpy array or scipy.sparse matrix (n, n_latents), got {got}")
     if codes.dtype.kind not in "fiub":
         raise TypeError(f"codes: expected a numeric array, got dtype {codes.dtype}")
-    x_all = to_csr("codes", codes, dtype=np.float32)  # CSR for cheap row selection; each concept's rows go to CSC
+    x_all = to_csr("codes", codes, dtype=np.float32)  # the trees see float32 values, as scikit-learn's do
     if not np.isfinite(x_all.data).all():
         raise ValueError("codes: contains NaN or infinite values")
     if not isinstance(labels, np.ndarray) or labels.dtype != np.bool_:
@@ -244,38 +695,65 @@ def fms(
     removals = tuple(int(p) for p in removals)
     if levels not in ("published", "paper"):
         raise ValueError(f"levels: expected 'published' or 'paper', got {levels!r}")
-    use_sparse = x_all.nnz <= _SPARSE_DENSITY * x_all.shape[0] * x_all.shape[1]
-    n_concepts = labels.shape[1]
+    if exhausted not in ("drop", "majority"):
+        raise ValueError(f"exhausted: expected 'drop' or 'majority', got {exhausted!r}")
+    device = torch.device(device)
+    n_concepts, n_latents = labels.shape[1], x_all.shape[1]
     shared_rows = None if balanced else _concept_rows(labels[:, 0], max_n, False, np.random.default_rng(seed))
-
-    def score(c: int) -> tuple[int, tuple[float, float, float, int, int, np.ndarray] | None]:
-        rows = _concept_rows(labels[:, c], max_n, True, np.random.default_rng([seed, c])) if balanced else shared_rows
-        y = labels[rows, c]
+    rows = [_concept_rows(labels[:, c], max_n, True, np.random.default_rng([seed, c])) if balanced else shared_rows for c in range(n_concepts)]
+    n_rows = np.array([r.size for r in rows], dtype=np.int64)
+    row_nnz = np.diff(x_all.indptr)
+    scored = []
+    for c in range(n_concepts):
+        y = labels[rows[c], c]
         if y.all() or not y.any():
-            logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows.size)
-            return rows.size, None
-        x = x_all[rows]
-        x = _tree_csc(x) if use_sparse else x.toarray()
-        clf = _fit(x, y, seed, max_depth=None)
-        if clf.tree_.children_left[0] < 0:
-            logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows.size)
-            return rows.size, None
-        return rows.size, _concept_scores(clf, x, y, removals, levels, seed)
+            logger.warning("fms: concept %d has a single class on the %d rows used; scored NaN", c, rows[c].size)
+        else:
+            scored.append(c)
+    scored = np.array(scored, dtype=np.int64)
 
-    results = thread_map(score, range(n_concepts), n_jobs)  # scikit-learn grows trees without the GIL
+    n_chain = max(removals) + 1
     acc0 = np.full(n_concepts, np.nan)
     local = np.full(n_concepts, np.nan)
     global_ = np.full(n_concepts, np.nan)
     roots = np.full(n_concepts, -1, dtype=np.int64)
     depths = np.zeros(n_concepts, dtype=np.int64)
-    cuts = np.full((n_concepts, max(removals) + 1), np.nan)
-    n_rows = np.array([size for size, _ in results], dtype=np.int64)
-    for c, (_, result) in enumerate(results):
-        if result is not None:
-            acc0[c], local[c], global_[c], roots[c], depths[c], cuts[c] = result
+    cuts = np.full((n_concepts, n_chain), np.nan)
+    indptr = torch.as_tensor(x_all.indptr.astype(np.int64), device=device)
+    indices = torch.as_tensor(x_all.indices.astype(np.int64), device=device)
+    values = torch.as_tensor(x_all.data.astype(np.float64), device=device)
+    by_value = torch.argsort(values, stable=True)
+    by_value = by_value[torch.argsort(indices[by_value], stable=True)]
+    value_rank = torch.empty_like(by_value)
+    value_rank[by_value] = torch.arange(by_value.numel(), device=device)  # each stored entry's rank in (latent, value) order
+    entries = np.array([int(row_nnz[rows[c]].sum()) for c in scored], dtype=np.int64)
+    per_block = max(1, dense_cells // n_latents)  # concepts whose roots all keep dense counts
+    for block in _blocks(entries, block_entries, per_block):
+        concepts = scored[block]
+        sample_rows = np.concatenate([rows[c] for c in concepts])
+        sample_concept = np.repeat(np.arange(concepts.size), [rows[c].size for c in concepts])
+        positive = np.concatenate([labels[rows[c], c] for c in concepts])
+        s_rows = torch.as_tensor(sample_rows.astype(np.int64), device=device)
+        nnz = indptr[s_rows + 1] - indptr[s_rows]
+        entry_sample = torch.repeat_interleave(torch.arange(s_rows.numel(), device=device), nnz)
+        offset = torch.arange(entry_sample.numel(), device=device) - _exclusive_cumsum(nnz)[entry_sample]
+        at = indptr[s_rows][entry_sample] + offset
+        grown = _grow(torch.as_tensor(sample_concept, device=device), torch.as_tensor(positive, device=device), entry_sample,
+                      indices[at], values[at], value_rank[at], concepts.size, n_latents, n_chain, dense_cells)
+        block_acc0, block_local, block_global, block_cuts = _scores(grown, removals, levels, exhausted)
+        acc0[concepts], local[concepts], global_[concepts] = block_acc0, block_local, block_global
+        roots[concepts], depths[concepts], cuts[concepts] = grown.root, grown.depth, block_cuts
+    for c in scored:
+        if roots[c] < 0:
+            logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows[c].size)
+            acc0[c] = local[c] = global_[c] = np.nan
+            cuts[c] = np.nan
+        elif np.isnan(local[c]):
+            logger.warning("fms: concept %d: no latent is left to split its rows after the first removal, and removal counts "
+                           "without a split are left out (exhausted='drop'); scored NaN", c)
     per_concept = acc0 * (local + global_) / 2.0
-    scored = ~np.isnan(per_concept)
-    score = float(per_concept[scored].mean()) if scored.any() else Undefined("no concept has both classes and a latent that separates them")
+    valid = ~np.isnan(per_concept)
+    score = float(per_concept[valid].mean()) if valid.any() else Undefined("no concept has both classes and a latent that separates them")
     return FMSResult(
         fms=score,
         per_concept=per_concept,
@@ -288,4 +766,5 @@ def fms(
         removals=removals,
         levels=levels,
         n_rows=n_rows,
+        exhausted=exhausted,
     )

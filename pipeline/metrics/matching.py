@@ -1,4 +1,4 @@
-"""Matching binarised latents to binary attributes: one-to-one and FBMP (SPEC.md B).
+"""Matching binarised latents to binary attributes: one-to-one and FBMP (docs/science.md §3).
 
 Both work on counts. For 0/1 matrices, the true-positive count of every (latent, attribute)
 pair is one matrix product `active^T @ targets`; precision, recall and F-scores follow from that
@@ -235,7 +235,7 @@ def one_to_one(active: Active, labels: np.ndarray, tp: np.ndarray | None = None)
 
 
 def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: np.ndarray | None = None) -> Matching:
-    """Fully-Binary Matching Pursuit (SPEC.md B), all attributes at once.
+    """Fully-Binary Matching Pursuit (docs/science.md §3), all attributes at once.
 
     active: (n, L) bool latent activations, dense or scipy.sparse; labels: (n, A) bool attribute labels.
     beta: F_beta weight for choosing latents against the residual (0.5 recommended).

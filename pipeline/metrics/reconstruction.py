@@ -1,6 +1,6 @@
 """Reconstruction metrics: FVU, L0 (the "K" of FVU-vs-K curves) and dead latents.
 
-SPEC.md C: FVU is dataset-level, `sum ||x - x^||^2 / sum ||x - mean(x)||^2`, accumulated in
+docs/science.md §3: FVU is dataset-level, `sum ||x - x^||^2 / sum ||x - mean(x)||^2`, accumulated in
 float64. `ReconstructionAccumulator` computes the same numbers batch by batch for stores larger
 than memory. Codes (for L0 and dead latents) may be dense or any scipy.sparse matrix.
 """
@@ -76,7 +76,7 @@ def dead_fraction(codes: np.ndarray | sparse.sparray | sparse.spmatrix) -> float
     return np.count_nonzero(~ever) / ever.size
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReconstructionStats:
     """Dataset-level reconstruction summary. `n` is the number of rows seen."""
 

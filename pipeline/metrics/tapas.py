@@ -1,4 +1,4 @@
-"""TAPAScore and Delta-stay: do matched latents respond to a targeted one-attribute edit? (SPEC.md B)
+"""TAPAScore and Delta-stay: do matched latents respond to a targeted one-attribute edit? (docs/science.md §3)
 
 Pairs (x, x'): attribute `removed` present in x is replaced by `added` in x' (an attribute edit),
 or only removed (object removal, added = -1). With I_add, I_rem the coalitions matched to those
@@ -9,14 +9,18 @@ attributes, latents in both dropped from both:
     TAPAScore = mean_pairs(delta_add) - mean_pairs(delta_rem)               in [-2, 2]
 
 Empty coalitions. A pair's added (removed) coalition can be empty: attribute index -1 (an object removal has
-nothing added), an attribute matched to no latent, or every latent shared with the other coalition. Two
+nothing added), an attribute matched to no latent, or every latent shared with the other coalition. Three
 conventions, chosen with `empty`:
-- "zero" (default, the published evaluation code's): an empty coalition's delta is 0 and the pair still counts, so
-  both means run over all pairs; a removal-only benchmark gets TAPAScore = -mean(delta_rem) over all pairs.
-- "skip" (ours, an option): the pair contributes no term to that mean (an empty max is undefined, and a 0 pulls
-  the mean towards "no response" for reasons unrelated to the model); a mean with no term is NaN and TAPAScore is
-  then the other mean alone.
-In both, TAPAScore is NaN (logged) when no pair has any non-empty coalition: nothing was matched, and 0 would
+- "drop_pair" (default, the published evaluation code's): a pair that adds an attribute whose coalition is empty
+  is left out of everything: both means and Delta-stay (the published code computes no added delta for it, and the
+  pair's row of deltas is dropped as incomplete). An empty removed coalition's delta is 0 (the pair counts). Pairs
+  that add nothing (object removals, added = -1) have no added term: delta_add is the mean over the pairs that add
+  an attribute, and a removal-only benchmark gets TAPAScore = -mean(delta_rem) over all its pairs.
+- "zero" (our earlier default, an option): every empty coalition's delta is 0 and every pair counts in both means.
+- "skip" (an option): a pair contributes no term to the mean whose coalition is empty (an empty max is undefined,
+  and a 0 pulls the mean towards "no response" for reasons unrelated to the model); a mean with no term is NaN and
+  TAPAScore is then the other mean alone.
+In all three, TAPAScore is NaN (logged) when no pair has any non-empty coalition: nothing was matched, and 0 would
 look like a measured "no response".
 """
 
@@ -36,10 +40,11 @@ from pipeline.records import Undefined
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Tapas:
     """TAPAScore over pairs. delta_add/delta_rem: the two means (see `empty` in `tapascore`). n_pairs: pairs given;
-    n_add, n_rem: pairs whose added / removed coalition is non-empty. empty: the convention used."""
+    n_add, n_rem: pairs whose added / removed coalition is non-empty; n_scored: pairs in the means (all but the
+    dropped ones under "drop_pair"). empty: the convention used."""
 
     score: float
     delta_add: float
@@ -47,7 +52,11 @@ class Tapas:
     n_pairs: int
     n_add: int = 0
     n_rem: int = 0
-    empty: str = "zero"
+    n_scored: int = 0
+    empty: str = "drop_pair"
+
+#: the conventions for empty coalitions (module docstring)
+EMPTY = ("drop_pair", "zero", "skip")
 
 
 def _check_codes(before: Active, after: Active) -> tuple[sparse.csr_array, sparse.csr_array]:
@@ -111,6 +120,15 @@ def _coalition_on(codes: sparse.csr_array, member: sparse.csr_array, added: np.n
     return on_add.astype(np.int64), on_rem.astype(np.int64)
 
 
+def _dropped(member: sparse.csr_array, added: np.ndarray, removed: np.ndarray, empty: str) -> np.ndarray:
+    """bool (n_pairs,): the pairs left out of everything under `empty` ("drop_pair": those adding an attribute whose
+    coalition, less the removed one's latents, is empty; none otherwise)."""
+    if empty != "drop_pair":
+        return np.zeros(added.shape, dtype=bool)
+    nonempty_add, _ = _nonempty(member, added, removed)
+    return (added >= 0) & ~nonempty_add
+
+
 def _nonempty(member: sparse.csr_array, added: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(n_pairs,) bool each: whether I_add (resp. I_rem) is non-empty, from the coalition sizes and overlaps."""
     size = np.diff(member.indptr).astype(np.int64)
@@ -127,17 +145,17 @@ def tapascore(
     added: np.ndarray,
     removed: np.ndarray,
     coalitions: list[np.ndarray],
-    empty: Literal["zero", "skip"] = "zero",
+    empty: Literal["drop_pair", "zero", "skip"] = "drop_pair",
 ) -> Tapas:
     """TAPAScore of binarised codes before/after (n_pairs, L) bool, dense or scipy.sparse, for edits
     added/removed (n_pairs,) int.
 
     coalitions: per attribute, the int latent indices matched to it (e.g. `Matching.coalitions`).
-    empty: how a pair with an empty coalition counts (module docstring): "zero" (published) or "skip".
+    empty: how a pair with an empty coalition counts (module docstring): "drop_pair" (published), "zero" or "skip".
     Vectorised over the active entries of the codes (`_coalition_on`); dense and sparse codes give the same result.
     """
-    if empty not in ("zero", "skip"):
-        raise ValueError(f"empty: expected 'zero' or 'skip', got {empty!r}")
+    if empty not in EMPTY:
+        raise ValueError(f"empty: expected one of {list(EMPTY)}, got {empty!r}")
     before, after = _check_codes(before, after)
     n_pairs, n_latents = before.shape
     member = _membership(coalitions, n_latents)
@@ -147,13 +165,21 @@ def tapascore(
     add_after, rem_after = _coalition_on(after, member, added, removed)
     add_before, rem_before = _coalition_on(before, member, added, removed)
     d_add, d_rem = add_after - add_before, rem_after - rem_before
-    # "zero": every pair is a term (an empty coalition's delta is 0 already: `_coalition_on` of an empty set)
-    has_add, has_rem = (nonempty_add, nonempty_rem) if empty == "skip" else (np.ones(n_pairs, bool),) * 2
+    # an empty coalition's delta is 0 already (`_coalition_on` of an empty set); the conventions choose the terms
+    if empty == "skip":
+        has_add, has_rem = nonempty_add, nonempty_rem
+    elif empty == "zero":
+        has_add = has_rem = np.ones(n_pairs, bool)
+    else:
+        kept = ~_dropped(member, added, removed, empty)
+        has_add, has_rem = kept & (added >= 0), kept
     mean_add = float(d_add[has_add].mean()) if has_add.any() else Undefined("no pair adds an attribute with a coalition")
     mean_rem = float(d_rem[has_rem].mean()) if has_rem.any() else Undefined("no pair removes an attribute with a coalition")
     if not (nonempty_add.any() or nonempty_rem.any()):
         logger.warning("tapascore: no pair has a non-empty added or removed coalition (nothing was matched); score is NaN")
         score = Undefined("no pair has a non-empty added or removed coalition (nothing was matched)")
+    elif np.isnan(mean_add) and np.isnan(mean_rem):
+        score = Undefined("every pair was left out: their added coalitions are empty")
     else:
         score = (0.0 if np.isnan(mean_add) else mean_add) - (0.0 if np.isnan(mean_rem) else mean_rem)
     return Tapas(
@@ -163,6 +189,7 @@ def tapascore(
         n_pairs=n_pairs,
         n_add=int(nonempty_add.sum()),
         n_rem=int(nonempty_rem.sum()),
+        n_scored=int((has_add | has_rem).sum()),
         empty=empty,
     )
 
@@ -174,13 +201,15 @@ def delta_stay(
     added: np.ndarray,
     removed: np.ndarray,
     coalitions: list[np.ndarray],
+    empty: Literal["drop_pair", "zero", "skip"] = "drop_pair",
 ) -> float:
     """Delta-stay: mean |delta| over attributes present in x and not part of the edit (leakage).
 
     before, after: (n_pairs, L) bool, dense or scipy.sparse; present: (n_pairs, A) bool, attributes present in the
     base image x; added, removed: (n_pairs,) int (-1 = none); coalitions: A int arrays.
     delta for attribute a = max over a's full coalition of bin(z') - the same for bin(z). Entries
-    whose coalition is empty are skipped. Returns NaN (logged) when no (pair, attribute) entry
+    whose coalition is empty are skipped, and so are the pairs `empty` drops ("drop_pair": those adding an attribute
+    whose coalition is empty, as in `tapascore`). Returns NaN (logged) when no (pair, attribute) entry
     qualifies. Lower is better: 0 = nothing outside the edit moved.
     """
     before, after = _check_codes(before, after)
@@ -201,7 +230,9 @@ def delta_stay(
     in_edit = np.zeros((n_pairs, n_attr), dtype=bool)
     in_edit[rows[added >= 0], added[added >= 0]] = True
     in_edit[rows[removed >= 0], removed[removed >= 0]] = True
-    keep = present & ~in_edit & (np.diff(member.indptr) > 0)[None, :]
+    if empty not in EMPTY:
+        raise ValueError(f"empty: expected one of {list(EMPTY)}, got {empty!r}")
+    keep = present & ~in_edit & (np.diff(member.indptr) > 0)[None, :] & ~_dropped(member, added, removed, empty)[:, None]
     if not keep.any():
         logger.warning("delta_stay: no present attribute outside the edit has a coalition; returning NaN")
         return Undefined("no present attribute outside the edit has a coalition")

@@ -26,7 +26,7 @@ def available_threads() -> int:
 
 def thread_map(function: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
     """[function(item) for item in items], in order, on `jobs` threads (default `available_threads()`; one: no
-    pool). Worth it where `function` spends its time without the GIL (scikit-learn's trees, scipy's products)."""
+    pool). Worth it where `function` spends its time without the GIL (scipy's sparse products)."""
     items = list(items)
     jobs = min(available_threads() if jobs is None else jobs, len(items))
     if jobs <= 1:

@@ -1,8 +1,8 @@
 """The interface every sparse model (CEDAR, rotation baselines, SAEs) implements.
 
-One training loop (`pipeline.train`) and one evaluation drive every model through this
+One training loop (`pipeline.training.loop`) and one evaluation drive every model through this
 interface, so adding a method means adding a subclass and registering it in
-`pipeline.models.METHODS`. Models do no I/O: saving and loading live in
+`pipeline.models.registry.METHODS`. Models do no I/O: saving and loading live in
 `pipeline.models.checkpoint`.
 
 Conventions

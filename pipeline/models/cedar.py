@@ -1,4 +1,4 @@
-"""CEDAR: a learned rotation of the embedding space with a top-k bottleneck (SPEC section A).
+"""CEDAR: a learned rotation of the embedding space with a top-k bottleneck (docs/science.md §1).
 
     U  = orth(A)                    A (d, d) the only learnable parameter; orth = matrix_exp(A - A^T)
     z~ = (z - b) U^T                b = mean training embedding (buffer set by fit_init)
@@ -139,7 +139,7 @@ class Cedar(RotationModel):
     - `loss` ("l1", the paper's): mean over the batch of ||z - z^||_1. "l2": the squared error, the
       objective FVU measures (an option: the FVU-vs-K comparison with PCA, bench/bench_cedar_bases.py).
     - `k_start` (0 = d): k at the start of the dense-to-sparse curriculum. Top-k is not
-      smooth and training from the sparse end trains badly (SPEC), so the default starts
+      smooth and training from the sparse end trains badly (docs/science.md §1), so the default starts
       fully dense. Must be 0 or in k..d.
     - `curriculum_frac` (0.5): fraction of training over which k goes from k_start to k;
       the second half trains at the target. 0 disables the curriculum.

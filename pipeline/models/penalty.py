@@ -1,4 +1,4 @@
-"""The penalty SAEs (SPEC section D): ReLU (L1) and JumpReLU (L0), whose sparsity comes from a coefficient
+"""The penalty SAEs (docs/science.md §2): ReLU (L1) and JumpReLU (L0), whose sparsity comes from a coefficient
 instead of a k, with the controller that steers the coefficient so that the mean L0 approaches the run's k.
 
 What `k` means here: ReLU and JumpReLU have no k in their sparsifier. By default (`target_l0=True`) the

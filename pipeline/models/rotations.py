@@ -11,7 +11,7 @@ whose rows are the axes. For a batch of row vectors x (n, d):
 so at k = d the reconstruction is exact up to float error, and the codes are signed
 (`signed = True`; `latents()` gives the 2d half-axis view used by matching and naming).
 
-Baselines ("does the *learned* rotation matter?", SPEC section A); nothing is trained,
+Baselines ("does the *learned* rotation matter?", docs/science.md §1); nothing is trained,
 `fit_init` does all the work:
 - `IdentityBasis`  U = I: top-k of z - b in the original coordinates.
 - `PCABasis`       U = principal axes of the training sample (descending variance).

@@ -1,4 +1,4 @@
-"""The TopK family of SAEs (SPEC section D): TopK with AuxK, BatchTopK, Matryoshka nested over k (MSAE) and
+"""The TopK family of SAEs (docs/science.md §2): TopK with AuxK, BatchTopK, Matryoshka nested over k (MSAE) and
 Matryoshka nested over dictionary prefixes. They keep k latents per row (BatchTopK: k per row on average in
 training, a calibrated threshold at inference), and `encode(x, k)` may override the model's k at inference.
 """

@@ -1,1 +1,3 @@
-"""The self-contained HTML report: figures (`figures.py`) and the page (`render.py`, jinja2 templates)."""
+"""The self-contained HTML report: runs chosen and tables built from the records (`tables.py`), the headline and its
+sentences (`headline.py`), the terms (`glossary.py`), figures (`figures.py`), the thumbnail sprite (`thumbnails.py`) and
+the page (`render.py`, templates/, assets/)."""

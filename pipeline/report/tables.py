@@ -1,7 +1,8 @@
 """The report's tables, built from what the evaluate stages wrote (metrics.json, explain.json): no recomputation.
 
-- choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run), `best_run`;
-- the explanations side by side: `latent_browser`, `example_table`, `rates_table`, `report_images`;
+- choosing runs: `best_score` (a run's trained FBMP MATCHScore), `best_runs` (each method's best run at each k), `best_run`;
+- the latent explorer's data of every run (`explorer`), the explanations side by side (`example_table`, `rates_table`),
+  the images the page shows (`report_images`) and the encoder's zero-shot confusion (`confusion`);
 - the sanity check in numbers (`separation`, per edited family `family_separation`) and the evaluation conventions
   in use (`conventions`).
 """
@@ -31,16 +32,16 @@ def best_score(metrics: dict[str, Any]) -> float:
     return float("-inf") if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def best_runs(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """method -> name of its best run (highest `best_score`; ties: the first in `runs` order), methods in
-    order of first appearance. runs: metrics.json contents (keys "run", "method", "concepts")."""
-    best: dict[str, tuple[float, str]] = {}
+def best_runs(runs: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
+    """(method, k) -> name of its best run at that k (highest `best_score` over its dictionary sizes; ties: the first
+    in `runs` order), in order of first appearance. Runs at different k are never compared: a lower k is a harder
+    task. runs: metrics.json contents (keys "run", "method", "k", "concepts")."""
+    best: dict[tuple[str, int], tuple[float, str]] = {}
     for metrics in runs:
-        score = best_score(metrics)
-        method = metrics["method"]
-        if method not in best or score > best[method][0]:
-            best[method] = (score, metrics["run"])
-    return {method: name for method, (_, name) in best.items()}
+        score, key = best_score(metrics), (metrics["method"], int(metrics["k"]))
+        if key not in best or score > best[key][0]:
+            best[key] = (score, metrics["run"])
+    return {key: name for key, (_, name) in best.items()}
 
 
 def best_run(runs: list[dict[str, Any]]) -> str:
@@ -52,23 +53,63 @@ def best_run(runs: list[dict[str, Any]]) -> str:
 
 
 # --- the report's view of every run's explanations ------------------------------------------------
-def latent_browser(runs: list[dict[str, Any]], explains: dict[str, dict[str, Any]], best: dict[str, str]) -> list[dict[str, Any]]:
-    """One entry per method, for its best run: run, method, k, score (`best_score`), named, latents (the
-    explain.json list) and pairs (with the latents that switched). runs: metrics.json contents; explains:
-    run name -> explain.json content; best: method -> run name (`best_runs`)."""
-    metrics = {m["run"]: m for m in runs}
+def _round(value: Any, digits: int = 3) -> Any:
+    """A float with `digits` significant digits (None for None or NaN): the explorer's JSON stays small."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def explorer(runs: list[dict[str, Any]], explains: dict[str, dict[str, Any]], attributes: dict[str, list[str]],
+             tiles: dict[str, int]) -> dict[str, Any]:
+    """The latent explorer's data: every run (runs' order) with its kept latents and intervention pairs, in short keys,
+    every concept and attribute name once in `words` (latents refer to them by position): the page stays small.
+
+    Returns {"words": [...], "tiles": {dataset row: sprite tile}, "runs": [...]}. Per run: run, method, k, size, score
+    (`best_score`), named, floor (explain.json's naming_floor: the best-concept cosine of random directions, or None),
+    latents, pairs. Per latent: id (its label, e.g. "+3"), f (activation frequency), n / s (its names as word positions,
+    and their cosines), r (dataset rows of its top images), v (its activations there), h / hm (histogram counts over
+    [0, hm]), m (kind -> [word of its best-matching attribute, that test F1] or None), c (kind -> words of the attributes
+    whose FBMP coalition holds it, from metrics.json). Per pair: kind, pair, edit, before / after (sprite tiles, -1 without
+    an image), on / off ([label, name] of the latents that switched).
+    runs: metrics.json contents; explains: run -> explain.json; attributes: kind -> its attribute names (the columns
+    the coalitions index); tiles: thumbnail key ("r<row>", "p<i>b", "p<i>a") -> sprite tile."""
+    words: dict[str, int] = {}
+
+    def word(text: str) -> int:
+        return words.setdefault(str(text), len(words))
+
     out = []
-    for method, name in best.items():
+    for metrics in runs:
+        name = metrics["run"]
         if name not in explains:
-            raise ValueError(f"explains: no explanations for run {name!r} (the best run of {method})")
+            raise ValueError(f"explains: no explanations for run {name!r}")
         e = explains[name]
-        out.append({"method": method, "run": name, "k": e["k"], "score": json_number(best_score(metrics[name])) if name in metrics else None,
-                    "named": e.get("named", True), "latents": e["latents"], "pairs": e["pairs"]})
-    return out
+        member: dict[int, dict[str, list[int]]] = {}
+        for kind, concepts in metrics.get("concepts", {}).items():
+            for column, coalition in enumerate((concepts.get("trained") or {}).get("coalitions") or []):
+                for latent in coalition:
+                    member.setdefault(int(latent), {}).setdefault(kind, []).append(word(attributes[kind][column]))
+        latents = [{
+            "id": latent["latent"], "f": _round(latent["frequency"]), "n": [word(n) for n in latent["names"]],
+            "s": [_round(v) for v in latent["scores"]], "r": latent["top_images"], "v": [_round(v) for v in latent.get("top_values", [])],
+            "h": (latent.get("histogram") or {}).get("counts", []), "hm": _round((latent.get("histogram") or {}).get("max")),
+            "m": {kind: None if match is None else [word(match[0]), _round(match[1])] for kind, match in (latent.get("matches") or {}).items()},
+            "c": member.get(int(latent["index"]), {}),
+        } for latent in e["latents"]]
+        pairs = [{"kind": p["kind"], "pair": p["pair"], "edit": p["edit"], "before": tiles.get(f"p{p['pair']}b", -1),
+                  "after": tiles.get(f"p{p['pair']}a", -1), "on": [[s["latent"], s["name"]] for s in p["on"]],
+                  "off": [[s["latent"], s["name"]] for s in p["off"]]} for p in e["pairs"]]
+        floor = e.get("naming_floor")
+        out.append({"run": name, "method": metrics["method"], "k": e["k"], "size": metrics.get("size"), "score": json_number(best_score(metrics)),
+                    "named": e.get("named", True), "floor": None if floor is None else {key: _round(v) for key, v in floor.items()},
+                    "latents": latents, "pairs": pairs})
+    rows = {int(key[1:]): tile for key, tile in tiles.items() if key.startswith("r")}
+    return {"words": list(words), "tiles": rows, "runs": out}
 
 
-def example_table(explains: dict[str, dict[str, Any]], best: dict[str, str]) -> list[dict[str, Any]]:
-    """The example images side by side across the methods' best runs.
+def example_table(explains: dict[str, dict[str, Any]], best: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """The example images side by side across the methods' best runs at each k (best: `best_runs`).
 
     Every run explains the same example rows (seeded, see `explain_rows`); the dense caption and concepts
     do not depend on the run and are taken from the first. Returns per image: kind, row, truth,
@@ -76,7 +117,7 @@ def example_table(explains: dict[str, dict[str, Any]], best: dict[str, str]) -> 
     captions {sparse, topk_original}, describes {sparse, topk_original}), in the first run's order.
     """
     images: dict[tuple[str, int], dict[str, Any]] = {}
-    for method, name in best.items():
+    for (method, _), name in best.items():
         e = explains[name]
         for example in e["examples"]:
             key = (example["kind"], example["row"])
@@ -108,11 +149,27 @@ def rates_table(explains: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
     return table
 
 
-def report_images(browser: list[dict[str, Any]], examples: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-    """The dataset rows (top-activating and example images) and pair indices the report shows, sorted."""
-    rows = {row for b in browser for latent in b["latents"] for row in latent["top_images"]} | {e["row"] for e in examples}
-    pairs = {p["pair"] for b in browser for p in b["pairs"]}
+def report_images(explains: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The dataset rows (every run's top-activating images and the example images) and the pair indices the report
+    shows, sorted. explains: explain.json contents."""
+    rows = {row for e in explains for latent in e["latents"] for row in latent["top_images"]} | {x["row"] for e in explains for x in e["examples"]}
+    pairs = {p["pair"] for e in explains for p in e["pairs"]}
     return sorted(rows), sorted(pairs)
+
+
+def confusion(zero_shot: dict[str, dict[str, Any]], values: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The encoder's zero-shot confusion matrix of each family that has one, as table rows: family, accuracy, names
+    (its values) and rows (per true value, [fraction of its images, count] per predicted value)."""
+    out = []
+    for family, record in zero_shot.items():
+        if not record.get("confusion"):
+            continue
+        counts = np.asarray(record["confusion"], dtype=float)
+        share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+        names = values.get(family) or [str(j) for j in range(len(counts))]
+        out.append({"family": family, "accuracy": json_number(record.get("accuracy")), "names": names,
+                    "rows": [[[float(s), int(c)] for s, c in zip(srow, crow)] for srow, crow in zip(share, counts)]})
+    return out
 
 
 # --- the sanity check and the conventions ----------------------------------------------------------------
@@ -214,7 +271,8 @@ def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None 
     deliberately deviates."""
     rules = [
         ("active_threshold", "binarisation: a latent is active above", lambda v: f"{v:g}"),
-        ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"zero": "counts as 0", "skip": "is left out"}[v]),
+        ("tapas_empty", "TAPAScore: a pair with an empty coalition", lambda v: {"drop_pair": "is left out if its added coalition is empty", "zero": "counts as 0", "skip": "leaves that mean"}[v]),
+        ("fms_exhausted", "FMS: a removal count with no latent left to split", lambda v: {"drop": "leaves the mean", "majority": "scores the majority rate"}[v]),
         ("fms_removals", "FMS: removals averaged", lambda v: ", ".join(map(str, v)) if len(v) < 4 else f"{v[0]}..{v[-1]}"),
         ("fms_levels", "FMS: global term over", lambda v: {"published": "all levels but the root split, with the no-split level",
                                                            "paper": "levels 2..D (the paper's formula)"}[v]),

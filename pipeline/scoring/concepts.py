@@ -25,7 +25,11 @@ Binarisation: a latent is active when its non-negative activation exceeds `evalu
 published 1e-8 by default; 0 is an option); CEDAR and rotation models are seen through their half-axis view
 (`SparseModel.latents`). Conventions that differ between the published evaluation code and our earlier choices
 are settings with the published one as default: the binarisation threshold, TAPAScore's empty coalitions
-(`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`); the report states the ones in use.
+(`tapas_empty`) and the FMS definition (`fms_removals`, `fms_levels`, `fms_exhausted`); the report states the ones in
+use.
+
+Devices: the linear probes and FMS run with torch on `evaluate.device` (`pipeline.metrics.probe`,
+`pipeline.metrics.fms`); the other concept metrics on the host (numpy, scipy.sparse).
 
 Random codes: each latent fires independently with the trained model's activation frequency on
 the matching rows, magnitude 1 (`pipeline.scoring.codes.RandomCodes`, one seeded stream per row set); before/after
@@ -35,10 +39,10 @@ images of a pair get independent draws, so their TAPAScore is 0 in expectation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 from scipy import sparse
@@ -48,12 +52,21 @@ from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import fms
 from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
-from pipeline.metrics.probe import fit_probe, probe_scores
-from pipeline.metrics.tapas import delta_stay, tapascore
+from pipeline.metrics.probe import Probes, fit_probes, probe_scores
+from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
 from pipeline.scoring.options import EvaluateSettings
+from pipeline.scoring.timings import Timings
+from pipeline.training.device import resolve_device
 
 log = logging.getLogger(__name__)
+
+
+def metrics_device(device: str) -> str:
+    """Where the torch metrics (probes, FMS) run for `evaluate.device`: that device, but the CPU for Apple's "mps",
+    which has no float64 (the metrics' counts and proxies are compared exactly in float64)."""
+    resolved = resolve_device(device)
+    return "cpu" if resolved.type == "mps" else str(resolved)
 
 
 class CodeSource(Protocol):
@@ -98,16 +111,97 @@ class ConceptData:
         return self.labels(self.pool_rows)
 
 
-@dataclass
+@dataclass(frozen=True)
+class ProbeScores:
+    """A model's linear-probe scores on a kind's test rows (`ProbeStream`): the mean over families of the probe's
+    cross-entropy on the originals and on the reconstructions (nats), the KL(p_original || p_reconstruction) and
+    both accuracies."""
+
+    ce_original: float
+    ce_reconstruction: float
+    kl: float
+    accuracy_original: float
+    accuracy_reconstruction: float
+
+
+@dataclass(frozen=True)
 class VariantCodes:
     """One variant's codes (trained, untrained, random) on the kind's row sets; `probe`: its probe scores on the
-    test rows (streamed while encoding them; None for random codes, which reconstruct nothing)."""
+    test rows (from the encode pass; None for random codes, which reconstruct nothing)."""
 
     match: CodeSource
     test: CodeSource
     before: CodeSource
     after: CodeSource
-    probe: dict[str, float] | None = None
+    probe: ProbeScores | None = None
+
+
+@dataclass(frozen=True)
+class MatchScores:
+    """One matching rule's MATCHScore: coalitions fitted and scored on the matching rows (`match`, as published) and
+    scored on the held-out test rows (`test`). `Undefined` when no attribute has a positive row."""
+
+    match: float
+    test: float
+
+
+@dataclass(frozen=True)
+class MatchingScores:
+    """MATCHScores of every rule: `fbmp[beta][k]` (FBMP's coalitions cut to their first k latents) and one-to-one."""
+
+    fbmp: Mapping[float, Mapping[int, MatchScores]]
+    one_to_one: MatchScores
+
+    def delta(self, other: "MatchingScores") -> "MatchingDeltas":
+        """The in-sample MATCHScores of `self` less those of `other` (Delta-MATCHScore, rule by rule)."""
+        return MatchingDeltas(
+            fbmp={beta: {k: s.match - other.fbmp[beta][k].match for k, s in by_k.items()} for beta, by_k in self.fbmp.items()},
+            one_to_one=self.one_to_one.match - other.one_to_one.match,
+        )
+
+
+@dataclass(frozen=True)
+class MatchingDeltas:
+    """Delta-MATCHScore (trained less untrained, in-sample) of every rule: `fbmp[beta][k]` and one-to-one."""
+
+    fbmp: Mapping[float, Mapping[int, float]]
+    one_to_one: float
+
+
+@dataclass(frozen=True)
+class TapasScores:
+    """TAPAScore over the kind's pairs (`overall`) and over the pairs editing each family (`families`)."""
+
+    overall: Tapas
+    families: Mapping[str, Tapas]
+
+
+@dataclass(frozen=True)
+class VariantMetrics:
+    """Every concept metric of one variant's codes on one kind. match_score: FBMP's MATCHScore at (tapas_beta,
+    tapas_k); tapas / delta_stay: None when the kind has no pairs; probe: None for random codes or a kind without
+    one-hot families; coalitions: the TAPAS coalition (latent indices) of each attribute."""
+
+    matching: MatchingScores
+    match_score: float
+    tapas: TapasScores | None
+    delta_stay: float | None
+    cknna: float
+    fms: float
+    probe: ProbeScores | None
+    coalitions: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class KindMetrics:
+    """The concept metrics of one kind: each variant's, and Delta-MATCHScore (trained less untrained) at the TAPAS
+    rule (`delta_match_score`) and for every rule (`delta_matching`)."""
+
+    trained: VariantMetrics
+    untrained: VariantMetrics
+    random: VariantMetrics
+    delta_match_score: float
+    delta_matching: MatchingDeltas
 
 
 def random_variant(frequency: np.ndarray, seed: int) -> VariantCodes:
@@ -127,52 +221,53 @@ def prefix_scores(active: np.ndarray, labels: np.ndarray, matching: Matching, ks
     return {k: nan_mean(coalition_f1(active, labels, [c[:k] for c in matching.coalitions])) for k in ks}
 
 
-def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> tuple[dict[str, Any], Matching]:
+def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> tuple[MatchingScores, Matching]:
     """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching. The held-out
     scores stream over the test rows in blocks, summing each coalition's counts (`coalition_counts`)."""
     active = binarise(codes.match.codes(data.match_rows), settings.active_threshold)
     tp = tp_counts(active, data.y_match)  # every rule's first step: computed once
-    scores: dict[str, Any] = {}
-    coalitions: dict[tuple[str, int], list[np.ndarray]] = {}
+    in_sample: dict[tuple[float, int], float] = {}
+    coalitions: dict[tuple[float, int], list[np.ndarray]] = {}  # (beta, k); one-to-one is (0, 0)
     tapas_matching = None
     for beta in settings.betas:
-        rule = f"fbmp_b{beta:g}"
         m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks), tp=tp)
-        scores[rule] = {"match": prefix_scores(active, data.y_match, m, settings.match_ks)}
-        coalitions.update({(rule, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
+        in_sample.update({(beta, k): score for k, score in prefix_scores(active, data.y_match, m, settings.match_ks).items()})
+        coalitions.update({(beta, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
     o = one_to_one(active, data.y_match, tp=tp)
-    scores["one_to_one"] = {"match": o.score}
-    coalitions[("one_to_one", 0)] = o.coalitions
+    coalitions[(0.0, 0)] = o.coalitions
     counts = {key: np.zeros((3, data.y_match.shape[1]), np.int64) for key in coalitions}
     for block in blocks(data.test_rows, settings.batch_size):
         active_test, y_test = binarise(codes.test.codes(block), settings.active_threshold), data.labels(block)
         for key, sets in coalitions.items():
             counts[key] += coalition_counts(active_test, y_test, sets)
-    for beta in settings.betas:  # every rule sees the same test labels: one warning about undefined attributes
-        rule = f"fbmp_b{beta:g}"
-        scores[rule]["test"] = {k: nan_mean(counts_f1(counts[(rule, k)], warn=False)) for k in settings.match_ks}
-    scores["one_to_one"]["test"] = nan_mean(counts_f1(counts[("one_to_one", 0)]))
+    # every rule sees the same test labels: one warning about undefined attributes (one-to-one's)
+    fbmp_scores = {beta: {k: MatchScores(in_sample[(beta, k)], nan_mean(counts_f1(counts[(beta, k)], warn=False))) for k in settings.match_ks}
+                   for beta in settings.betas}
+    scores = MatchingScores(fbmp_scores, MatchScores(o.score, nan_mean(counts_f1(counts[(0.0, 0)]))))
     if tapas_matching is None:
         tapas_matching = fbmp(active, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k, tp=tp)
     return scores, tapas_matching
 
 
-def fit_family_probes(data: ConceptData, seed: int, max_n: int) -> dict[str, Any]:
-    """One multinomial probe per one-hot attribute family, fitted on the dense embeddings of at most `max_n` of the
-    matching rows (a seeded subsample: the probe's cost grows with its rows, its quality hardly beyond ~10^4)."""
-    probes = {}
+def fit_family_probes(data: ConceptData, seed: int, max_n: int, device: str = "cpu") -> Probes | None:
+    """The multinomial probes of every one-hot attribute family (one model, a head per family: `fit_probes`), fitted
+    on the dense embeddings of at most `max_n` of the matching rows (a seeded subsample: the probe's cost grows with
+    its rows, its quality hardly beyond ~10^4) on `device`; None when the kind has no family."""
     if not data.families:
-        return probes
+        return None
     keep = sample_rows(np.arange(len(data.match_rows)), max_n, seed)
     x, labels = data.embeddings(data.match_rows[keep]), data.y_match[keep]
     for family, columns in data.families.items():
-        y = labels[:, columns]
-        if not (y.sum(axis=1) == 1).all():
+        if not (labels[:, columns].sum(axis=1) == 1).all():
             raise ValueError(f"attribute family {family!r} is not one-hot; the linear probe needs one class per image")
-        probes[family] = fit_probe(x, np.argmax(y, axis=1), seed=seed)
-    return probes
+    return fit_probes(x, _family_classes(labels, data.families), device=device)
+
+
+def _family_classes(labels: np.ndarray, families: dict[str, list[int]]) -> np.ndarray:
+    """int64 (n, F): each row's class in every family (the index of its attribute within the family's columns)."""
+    return np.stack([np.argmax(labels[:, columns], axis=1) for columns in families.values()], axis=1)
 
 
 class ProbeStream:
@@ -180,89 +275,77 @@ class ProbeStream:
     kind; those of this kind are kept), `result` gives the mean over families of the probe CE on originals and on
     reconstructions, the KL and both accuracies (each family's mean over the kind's test rows). A test row whose class
     the probe never saw among the matching rows (rare classes of small datasets) is left out of that family's scores:
-    a probe has no output for it."""
+    a probe has no output for it. timings: the scoring's seconds go to its "probes" part."""
 
-    FIELDS = ("ce_original", "ce_reconstruction", "kl", "accuracy_original", "accuracy_reconstruction")
+    FIELDS = tuple(f.name for f in fields(ProbeScores))
 
-    def __init__(self, probes: dict[str, Any], data: ConceptData) -> None:
+    def __init__(self, probes: Probes | None, data: ConceptData, timings: Timings | None = None) -> None:
         self.probes, self.data = probes, data
-        self.sums = {family: np.zeros(len(self.FIELDS)) for family in probes}
-        self.counts = {family: 0 for family in probes}
+        self.timings = timings or Timings()
+        n_families = probes.n_families if probes is not None else 0
+        self.sums = np.zeros((n_families, len(self.FIELDS)))
+        self.counts = np.zeros(n_families, dtype=np.int64)
 
     def add(self, rows: np.ndarray, x: np.ndarray, x_hat: np.ndarray) -> None:
         mine = np.isin(rows, self.data.test_rows, assume_unique=True)
-        if not self.probes or not mine.any():
+        if self.probes is None or not mine.any():
             return
-        labels = self.data.labels(rows[mine])
-        for family, columns in self.data.families.items():
-            probe = self.probes[family]
-            y = np.argmax(labels[:, columns], axis=1)
-            seen = np.isin(y, probe.classes_)
-            if not seen.any():
-                continue
-            result = probe_scores(probe, x[mine][seen], x_hat[mine][seen].astype(np.float32), y[seen])
-            self.sums[family] += int(seen.sum()) * np.array([getattr(result, f) for f in self.FIELDS])
-            self.counts[family] += int(seen.sum())
+        with self.timings.part("probes"):
+            labels = _family_classes(self.data.labels(rows[mine]), self.data.families)
+            for f, result in enumerate(probe_scores(self.probes, x[mine], x_hat[mine].astype(np.float32), labels)):
+                if result.n:
+                    self.sums[f] += result.n * np.array([getattr(result, field) for field in self.FIELDS])
+                    self.counts[f] += result.n
 
-    def result(self) -> dict[str, float] | None:
-        scored = [family for family in self.probes if self.counts[family]]
-        if not scored:
+    def result(self) -> ProbeScores | None:
+        """The scores over every row added (None when no row of the kind was scored)."""
+        scored = self.counts > 0
+        if not scored.any():
             return None
-        means = np.mean([self.sums[family] / self.counts[family] for family in scored], axis=0)
-        return {f: float(v) for f, v in zip(self.FIELDS, means)}
+        means = (self.sums[scored] / self.counts[scored, None]).mean(axis=0)
+        return ProbeScores(*(float(v) for v in means))
 
 
-def tapas_record(before: Any, after: Any, added: np.ndarray, removed: np.ndarray, coalitions: list[np.ndarray],
-                 empty: str) -> dict[str, Any]:
-    """TAPAScore of these pairs as a record: score, both means and the pair counts."""
-    t = tapascore(before, after, added, removed, coalitions, empty)
-    return {"score": t.score, "delta_add": t.delta_add, "delta_rem": t.delta_rem, "n_pairs": t.n_pairs, "n_add": t.n_add, "n_rem": t.n_rem}
+def tapas_scores(before: sparse.csr_array, after: sparse.csr_array, data: ConceptData, coalitions: list[np.ndarray], empty: str) -> TapasScores:
+    """TAPAScore of the kind's pairs (binarised codes before/after (p, L)), over all of them and per edited family."""
+    per_family = {}
+    for family in np.unique(data.pairs_family):
+        edits = np.flatnonzero(data.pairs_family == family)
+        per_family[str(family)] = tapascore(before[edits], after[edits], data.pairs_added[edits], data.pairs_removed[edits], coalitions, empty)
+    return TapasScores(tapascore(before, after, data.pairs_added, data.pairs_removed, coalitions, empty), per_family)
 
 
-def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
-    scores, matching = matching_scores(codes, data, settings)
-    has_pairs = len(data.pair_ids) > 0
+def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int, timings: Timings | None = None) -> VariantMetrics:
+    timings = timings or Timings()
+    with timings.part("matching"):
+        scores, matching = matching_scores(codes, data, settings)
     tapas = stay = None
-    if has_pairs:
-        before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
-        after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
-        tapas = tapas_record(before, after, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
-        tapas["families"] = {
-            str(family): tapas_record(before[edits], after[edits], data.pairs_added[edits], data.pairs_removed[edits],
-                                      matching.coalitions, settings.tapas_empty)
-            for family in np.unique(data.pairs_family) for edits in [np.flatnonzero(data.pairs_family == family)]
-        }
-        stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions)
+    if len(data.pair_ids) > 0:
+        with timings.part("tapas"):
+            before = binarise(codes.before.codes(data.pair_ids), settings.active_threshold)
+            after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
+            tapas = tapas_scores(before, after, data, matching.coalitions, settings.tapas_empty)
+            stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
     pool = codes.test.codes(data.pool_rows)
-    fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels)
-    near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
-    return {
-        "matching": scores,
-        "match_score": scores[f"fbmp_b{settings.tapas_beta:g}"]["match"][settings.tapas_k],
-        "tapas": tapas,
-        "delta_stay": stay,
-        "cknna": cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None),
-        "fms": fms_result.fms,
-        "probe": codes.probe,
-        "coalitions": [c.tolist() for c in matching.coalitions],
-    }
+    with timings.part("fms"):
+        fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels,
+                         exhausted=settings.fms_exhausted, device=metrics_device(settings.device))
+    with timings.part("cknna"):
+        near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
+        similarity = cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None)
+    return VariantMetrics(
+        matching=scores, match_score=scores.fbmp[settings.tapas_beta][settings.tapas_k].match, tapas=tapas, delta_stay=stay,
+        cknna=similarity, fms=fms_result.fms, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
+    )
 
 
-def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
-    """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas."""
+def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int,
+                    timings: Timings | None = None) -> KindMetrics:
+    """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas;
+    their seconds go to `timings`."""
     frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
-    variants = {
-        "trained": variant_metrics(trained, data, settings, seed),
-        "untrained": variant_metrics(untrained, data, settings, seed),
-        "random": variant_metrics(random_variant(frequency, seed), data, settings, seed),
-    }
-    trained, untrained = variants["trained"]["matching"], variants["untrained"]["matching"]
-    delta = {}
-    for rule, values in trained.items():
-        if isinstance(values["match"], dict):
-            delta[rule] = {k: values["match"][k] - untrained[rule]["match"][k] for k in values["match"]}
-        else:
-            delta[rule] = values["match"] - untrained[rule]["match"]
-    variants["delta_match_score"] = delta[f"fbmp_b{settings.tapas_beta:g}"][settings.tapas_k]
-    variants["delta_matching"] = delta
-    return variants
+    of_trained = variant_metrics(trained, data, settings, seed, timings)
+    of_untrained = variant_metrics(untrained, data, settings, seed, timings)
+    of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, timings)
+    delta = of_trained.matching.delta(of_untrained.matching)
+    return KindMetrics(of_trained, of_untrained, of_random, delta.fbmp[settings.tapas_beta][settings.tapas_k], delta)

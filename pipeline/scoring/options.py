@@ -26,9 +26,11 @@ class EvaluateSettings:
     seeded subsample of a kind's test rows (the pool) that FMS and CKNNA draw from (the module docstring lists what
     memory grows with).
     Conventions (published default first, `pipeline.metrics` documents each): active_threshold: a latent is active
-    above it (1e-8; 0 = any positive activation). tapas_empty: a pair whose coalition is empty counts as 0
-    ("zero") or is left out ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p).
-    fms_levels: FMS's global term with the no-split level ("published") or over levels 2..D ("paper").
+    above it (1e-8; 0 = any positive activation). tapas_empty: a pair whose added coalition is empty leaves both
+    means and Delta-stay ("drop_pair"), or an empty coalition counts as 0 ("zero") or leaves only its own mean
+    ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p). fms_levels: FMS's global term with
+    the no-split level ("published") or over levels 2..D ("paper"). fms_exhausted: a removal count after which no
+    latent can split leaves the mean ("drop") or scores the majority rate ("majority").
     """
 
     ks: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
@@ -45,9 +47,10 @@ class EvaluateSettings:
     max_test_rows: Annotated[int, Strict(), Field(ge=10)] = 20_000
     device: Device = "auto"
     active_threshold: NonNegativeFloat = PUBLISHED_THRESHOLD
-    tapas_empty: Literal["zero", "skip"] = "zero"
+    tapas_empty: Literal["drop_pair", "zero", "skip"] = "drop_pair"
     fms_removals: tuple[PositiveInt, ...] = PUBLISHED_REMOVALS
     fms_levels: Literal["published", "paper"] = "published"
+    fms_exhausted: Literal["drop", "majority"] = "drop"
 
     @model_validator(mode="after")
     def _tapas_rule_is_reported(self) -> "EvaluateSettings":

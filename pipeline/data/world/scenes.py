@@ -34,7 +34,7 @@ from PIL import Image
 
 from pipeline.data.table import assign_split, check_fractions
 from pipeline.data.world import render
-from pipeline.data.world.captions import N_CAPTION_DRAWS, multi_caption, object_caption
+from pipeline.data.world.texts import N_CAPTION_DRAWS, multi_caption, object_caption
 from pipeline.data.world.vocabulary import CATEGORIES, FAMILIES, object_attribute_names, object_family_columns
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,11 @@
 - `graph`: the DVC side (what is stale and in what order, starting a stage, recording it in dvc.lock);
 - `cluster`: the cluster file (cluster.yaml) and the Dask cluster it describes;
 - `command`: what a Dask worker runs, a stage's dvc.yaml commands;
-- `run`: the Prefect flow, its artifacts and `cedar serve`.
+- `server`: the Prefect API a flow reports to (the project's own server for large flows) and the watch on it;
+- `prefect_flow`: the Prefect flow, its artifacts and `cedar serve`;
+- `commands`: the `cedar flow`, `cedar serve`, `cedar cluster script` and `cedar server` commands.
 
-Only `run` imports Prefect, so `cedar flow --dry` and the no-op case answer without starting it.
+Only `prefect_flow` imports Prefect, so `cedar flow --dry` and the no-op case answer without starting it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 def configure_prefect_env(root: Path) -> None:
     """Offline, project-local Prefect settings (only those the user has not set). Prefect reads its settings when
-    it is imported: call this before importing `stages.flow.run`."""
+    it is imported: call this before importing `flow.prefect_flow`."""
     defaults = {
         "PREFECT_HOME": str((Path(root) / ".prefect").resolve()),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -1,4 +1,4 @@
-"""synCUB / synCOCO intervention pairs (SPEC B) -> (ImageTable of the base images, PairTable of the pairs).
+"""synCUB / synCOCO intervention pairs (docs/science.md §3) -> (ImageTable of the base images, PairTable of the pairs).
 
 What is assumed, and where it comes from. The benchmarks are published as Hub dataset repositories
 `jokl/syncub` and `jokl/syncoco`. According to the authors' code (README and the export scripts

@@ -1,10 +1,10 @@
 """What a Dask worker runs for the flow: one stage's dvc.yaml commands, as `dvc repro` runs them.
 
 Each command goes through the same shell invocation as DVC's (`dvc.stage.run`: `$SHELL` without rc files, or
-/bin/sh), in the stage's directory, with `DVC_ROOT` and `DVC_STAGE` set. The environment is the worker's, except
-for the CPU thread counts: the flow passes those from the machine that started it (or the cluster's `threads`),
-because a Dask worker process sets OMP_NUM_THREADS=1 and torch's results on CPU depend on its thread count;
-so a stage on a worker computes exactly what `dvc repro` computes from the same shell.
+/bin/sh), in the stage's directory, with `DVC_ROOT` and `DVC_STAGE` set, in the worker's environment. Nothing
+about the machine reaches the results: a Dask worker sets OMP_NUM_THREADS=1 and a batch job may see one CPU, but
+every stage fixes its CPU threads from params.yaml (`threads`, `stages.runner.use_threads`), so a stage on a
+worker computes exactly what `dvc repro` computes anywhere.
 
 A stage dies with its worker: a worker that is killed leaves no stage process behind to race with the retry.
 The shell runs under a small supervisor (this module's `__main__`, `supervise`): on Linux the supervisor gets
@@ -19,15 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-
-#: the environment variables that set the CPU threads of torch, numpy and their BLAS libraries
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def thread_environment(threads: int | None) -> dict[str, str | None]:
-    """The thread variables a stage runs with: `threads` for all, or (None) those of this process, an unset one
-    staying unset (what `dvc repro` from this shell would give the stage)."""
-    return {var: str(threads) if threads is not None else os.environ.get(var) for var in THREAD_VARIABLES}
 
 
 def _signal_me_when_my_parent_dies(signum: int) -> None:
@@ -68,20 +59,15 @@ def supervise(parent: int, argv: list[str]) -> int:
     return returncode
 
 
-def run_commands(stage: str, commands: list[str], cwd: str, root: str, environment: dict[str, str | None]) -> str:
+def run_commands(stage: str, commands: list[str], cwd: str, root: str) -> str:
     """Run `commands` in order; returns their merged stdout and stderr. RuntimeError with the output's tail on the
-    first that fails. environment: variables to set (None: to unset) over the worker's own."""
+    first that fails."""
     from dvc.stage.run import _make_cmd, get_executable  # DVC's own shell invocation, so commands mean the same
 
     env = {**os.environ, "DVC_ROOT": root, "DVC_STAGE": stage}
-    for key, value in environment.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
     output = []
     for command in commands:
-        supervised = [sys.executable, "-m", "stages.flow.command", str(os.getpid()), *_make_cmd(get_executable(), command)]
+        supervised = [sys.executable, "-m", "flow.command", str(os.getpid()), *_make_cmd(get_executable(), command)]
         proc = subprocess.run(supervised, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         output.append(proc.stdout)
         if proc.returncode != 0:

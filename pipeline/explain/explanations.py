@@ -1,12 +1,14 @@
 """The explanations of one trained run, as the evaluate stage writes them (explain.json) and the report reads them.
 
 Pure: arrays and models in, JSON-able dicts out, no file I/O (the stages read and write). Built on the
-`pipeline.explain` library (SPEC section A, interpretability modes):
+`pipeline.explain` library (docs/science.md §1, interpretability modes):
 
 - latent names: every latent (a half-axis +i / -i of a rotation model, a decoder direction of an SAE) is
   named by its `top_names` most cosine-similar vocabulary concepts (text embeddings centred by the text
   mean: the modality gap). Only the `latents` most frequently active latents on the test images are kept
-  (with their top-activating test images) so that the report stays small;
+  (with their top-activating test images, their activations there, an activation histogram and the attribute of
+  each kind they match best: `pipeline.explain.cards`) so that the report stays small; `naming_floor` is the cosine
+  random directions reach under the same naming;
 - relevance (kinds whose labels are complete, i.e. every attribute family one-hot, like `objects`: on a
   multi-label kind the labels omit e.g. the background, so a true concept would count as wrong):
   precision and recall of each test image's top-m named concepts against its true attributes, for the
@@ -32,7 +34,8 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from pipeline.explain.captions import topk_original_basis
+from pipeline.explain.caption_sources import topk_original_basis
+from pipeline.explain.cards import activation_stats, best_attributes, naming_floor
 from pipeline.explain.decoder import CaptionDecoder, decode_captions
 from pipeline.explain.naming import LatentNames, dense_explanations, explain_images, latent_directions, name_latents
 from pipeline.explain.options import ExplainSettings
@@ -209,8 +212,9 @@ def top_activating(codes_latents: Codes, latents: np.ndarray, count: int) -> lis
 
 def latent_list(codes_latents: Codes, rows: np.ndarray, names: LatentNames, labels: list[str], count: int, images: int) -> list[dict[str, Any]]:
     """The report's browsable latents: the `count` most frequently active latents with their names, name
-    scores, activation frequency and the dataset rows (`rows`, one per row of codes_latents) of their
-    `images` top-activating images."""
+    scores, activation frequency, the dataset rows (`rows`, one per row of codes_latents) of their
+    `images` top-activating images, and (`pipeline.explain.cards.activation_stats`) their activations on those
+    images and histogram."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(rows) != codes_latents.shape[0]:
         raise ValueError(f"rows: expected {codes_latents.shape[0]} dataset rows (one per row of codes_latents), got {len(rows)}")
@@ -221,8 +225,8 @@ def latent_list(codes_latents: Codes, rows: np.ndarray, names: LatentNames, labe
     tops = top_activating(codes_latents, chosen, images)
     return [
         {"latent": labels[i], "index": int(i), "names": [str(s) for s in names.names[i]], "scores": [float(s) for s in names.scores[i]],
-         "frequency": float(frequency[i]), "top_images": rows[top].tolist()}
-        for i, top in zip(chosen, tops)
+         "frequency": float(frequency[i]), "top_images": rows[top].tolist(), **stats}
+        for i, top, stats in zip(chosen, tops, activation_stats(codes_latents, chosen, tops))
     ]
 
 
@@ -315,6 +319,14 @@ def explain_run(
         "latents": latent_list(all_codes, all_rows, names, labels, settings.latents, settings.top_images),
         "relevance": {}, "describes": {}, "describes_curve": [], "examples": [], "pairs": [],
     }
+
+    if concepts is not None:  # the cosine random directions reach: a name scoring near it says little
+        result["naming_floor"] = naming_floor(concepts.embeddings, list(concepts.texts), concepts.text_mean)
+    kept = np.asarray([latent["index"] for latent in result["latents"]], dtype=np.int64)
+    for data in kinds:  # each kept latent's best-matching attribute of each kind (test F1 of the latent alone)
+        best_column, f1 = best_attributes(codes[data.kind] > 0, data.attributes, kept)
+        for latent, column, score in zip(result["latents"], best_column, f1):
+            latent.setdefault("matches", {})[data.kind] = [data.attribute_names[column], float(score)] if score > 0 else None
 
     caption_ks = sorted({int(k), *(c for c in settings.caption_ks if c <= model.n_latents)}) if model.signed else [int(k)]
     for data in kinds:

@@ -1,0 +1,7 @@
+"""`python -m cli ...` is `cedar ...`."""
+
+import sys
+
+from cli.main import main
+
+sys.exit(main())
