@@ -5,7 +5,7 @@ Each section is one component's `@settings` dataclass (`pipeline.settings`), dec
 torch, scikit-learn or zarr): `data` (`pipeline.data.options`), `encoder` (`pipeline.encoders.options`:
 `EmbeddedSettings` or `PretrainedSettings`), `train` (`pipeline.training.options.TrainSettings`), `sweep`
 (`pipeline.grid`), `methods.<m>` (the method's options class, `pipeline.models.options`, plus an optional partial
-`train:` override), `evaluate` and `planted` (`pipeline.scoring.options`), `captions` and `explain`
+`train:` override whose `lr` may be a list: the method's learning-rate axis, `Params.train_candidates`), `evaluate` and `planted` (`pipeline.scoring.options`), `captions` and `explain`
 (`pipeline.explain.options`); `extract` and `report` are the stages' own, declared here, and so is `threads`, the
 CPU threads every stage computes with (`stages.runner.use_threads`: from params, never from the machine or the
 batch job, so that a stage writes the same bytes wherever it runs; every stage declares it in dvc.yaml, so a new
@@ -45,7 +45,7 @@ from pipeline.grid import Cell, Sweep, cells
 from pipeline.models.options import OPTIONS, ROTATION_METHODS, options_class
 from pipeline.scoring.options import EvaluateSettings, PlantedSettings
 from pipeline.settings import NonNegativeInt, PositiveInt, settings
-from pipeline.training.options import BATCHES_IN_FLIGHT, TrainSettings, memory_bytes
+from pipeline.training.options import BATCHES_IN_FLIGHT, TrainSettings, lr_axis, memory_bytes
 
 
 class ParamsError(ValueError):
@@ -183,9 +183,17 @@ class Params(BaseModel):
         return dataclasses.asdict(options_class(method)(**options))
 
     def train_settings(self, method: str) -> TrainSettings:
-        """The loop settings for `method`: `train:` with the method's `train:` overrides applied."""
-        override = (self.methods.get(method) or {}).get("train") or {}
-        return dataclasses.replace(self.train, **override)
+        """The loop settings for `method`: `train:` with the method's `train:` overrides applied (with a learning-rate
+        axis, the first candidate's; `train_candidates` gives them all)."""
+        return self.train_candidates(method)[0]
+
+    def train_candidates(self, method: str) -> tuple[TrainSettings, ...]:
+        """The loop settings of each run a cell of `method` trains: one, or one per learning rate when the method's
+        `train.lr` is a list (the learning-rate axis; `pipeline.training.lr_axis` keeps the best on validation)."""
+        override = dict((self.methods.get(method) or {}).get("train") or {})
+        rates = lr_axis(override.pop("lr", self.train.lr))
+        base = dataclasses.replace(self.train, **override)
+        return tuple(dataclasses.replace(base, lr=lr) for lr in rates)
 
     def cell(self, method: str, size: int | None, k: int) -> Cell:
         """The grid cell named on a stage's command line; a clear error if the sweep does not contain it."""
@@ -214,6 +222,12 @@ def _check_options(method: str, options: Any, train: TrainSettings) -> list[str]
     if override is not None:
         if not isinstance(override, dict):
             return problems + [f"methods.{method}.train: expected a mapping of loop settings, got {type(override).__name__}"]
+        override = dict(override)
+        try:
+            override["lr"] = lr_axis(override.get("lr", train.lr))[0]  # a list is the learning-rate axis
+        except ValueError as e:
+            problems.extend(f"methods.{method}.train.lr{line}" for line in str(e).splitlines())
+            override.pop("lr")
         try:
             dataclasses.replace(train, **override)
         except TypeError as e:  # an unknown field name

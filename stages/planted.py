@@ -1,9 +1,10 @@
 """Stage `planted`: the planted-structure recovery benchmark on synthetic embeddings with a known basis.
 
-For each noise level and k: embeddings z = Q^T s + b + noise (k-sparse s); CEDAR and the rotation baselines are
-fitted with the pipeline's training path and scored by axis recovery and held-out FVU against the oracle
-(`pipeline.scoring.planted`). Output: store/metrics/planted.json (one row per method and cell, each naming the device
-it was trained on). Reads params: seed, planted, train, methods.
+For each noise level and k: embeddings z = Q^T s + b + noise (k-sparse s); every method of `planted.methods` (CEDAR,
+the rotation baselines, the SAEs) is fitted with the pipeline's training path and its own `train` settings and scored
+by axis recovery and held-out FVU against the oracle (`pipeline.scoring.planted`). Output: store/metrics/planted.json
+(one row per method and cell: its FVU, the oracle's and their ratio `fvu_ratio`, each naming the device it was
+trained on). Reads params: seed, planted, train, methods.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from stages.runner import exit_with, parser, run_main
 
 def run(params: Params, layout: Layout) -> list[dict[str, Any]]:
     options = {m: params.method_options(m) for m in params.planted.methods}
-    train = params.train_settings("cedar")
-    device = device_name(train.device)
+    train = {m: params.train_candidates(m) for m in params.planted.methods}
+    device = device_name(params.train_settings(params.planted.methods[0]).device)
     rows = [{**row, "device": device} for row in benchmark(params.planted, train, options, params.seed)]
     write_json(layout.planted_metrics, rows)
     return rows

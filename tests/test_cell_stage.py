@@ -80,6 +80,8 @@ def test_training_fingerprint_follows_training_inputs_not_evaluation_params():
     assert training_fingerprint(params, cell, {"dataset": "other"}, *rows, resident) != base
     assert training_fingerprint(params, cell, {"dataset": "d"}, np.arange(1, 11), rows[1], resident) != base
     assert training_fingerprint(params, params.cells()[0], {"dataset": "d"}, *rows, resident) != base
+    # torch's CPU sums depend on the thread count, so the same model at other `threads` is another training
+    assert training_fingerprint(validate_params({**raw, "threads": 2}), cell, {"dataset": "d"}, *rows, resident) != base
     # the feed: its mode and streaming's window change the batches; the memory settings only through them
     memory_changed = validate_params({**raw, "train": {**raw["train"], "feed_memory": "1GiB", "shuffle_rows": 999}})
     assert training_fingerprint(memory_changed, cell, {"dataset": "d"}, *rows, resident) == base

@@ -136,3 +136,41 @@ def test_cedar_is_on_par_with_ica_on_planted_data(recovery_case) -> None:
     ica_fvu = fvu(p.x, ica.decode(ica.encode(p.x)))
     cedar_fvu = fvu(p.x, model.decode(model.encode(p.x)))
     assert cedar_fvu < 2 * ica_fvu
+
+
+# --- the benchmark: rotations and SAEs against the oracle -------------------------------------------------------
+def test_the_benchmark_scores_rotations_and_saes_against_the_oracle_through_the_stage(tmp_path) -> None:
+    """The stage on the tiny preset's planted grid (d 8, k 2, 600 rows) with an SAE added and a learning-rate axis
+    for it: one row per method, SAEs with dict_ratio x d latents, FVU ratio = FVU / oracle FVU, the SAE's lr one
+    of its candidates (the best on validation), and PCA of uniform-support data far above the oracle."""
+    import json
+
+    import yaml
+
+    from pipeline.config import validate_params
+    from pipeline.paths import Layout
+    from pipeline.presets import preset_text
+    from stages import planted as stage
+
+    raw = yaml.safe_load(preset_text("tiny"))
+    raw["planted"]["methods"] = ["pca", "topk"]
+    raw["methods"]["topk"] = {"train": {"lr": [0.003, 0.03]}}
+    params = validate_params(raw)
+    rows = stage.run(params, Layout(tmp_path))
+    assert json.loads(Layout(tmp_path).planted_metrics.read_text()) == json.loads(json.dumps(rows))
+    by_method = {row["method"]: row for row in rows}
+    assert set(by_method) == {"pca", "topk"} and by_method["topk"]["family"] == "sae" and by_method["pca"]["family"] == "rotation"
+    assert by_method["topk"]["dict_size"] == 2 * 8 and by_method["pca"]["dict_size"] == 8
+    assert by_method["topk"]["lr"] in (0.003, 0.03)
+    for row in rows:
+        assert row["fvu_ratio"] == pytest.approx(row["fvu"] / row["oracle_fvu"])
+        assert 0 < row["recovery"] <= 1 and row["device"] == "cpu"
+    assert by_method["pca"]["fvu_ratio"] > 5
+
+
+def test_planted_settings_accept_any_method_and_refuse_unknown_ones() -> None:
+    from pipeline.scoring.options import PlantedSettings
+
+    assert PlantedSettings(methods=("topk", "cedar")).dict_ratio == 2
+    with pytest.raises(ValueError, match=r"methods: \['nope'\] are not methods"):
+        PlantedSettings(methods=("nope",))

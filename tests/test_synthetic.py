@@ -3,6 +3,7 @@ training/evaluation half runs on it through the stages (data -> encoder -> extra
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -135,6 +136,12 @@ def test_synthetic_source_round_trips_through_the_stages(tmp_path):
     planted.run(params, layout)
     html = report.run(params, layout, (tmp_path / "params.yaml").read_text())
     assert "cedar-4" in html and "topk-32-4" in html
+    planted_rows = json.loads(layout.planted_metrics.read_text())
+    section = html[html.index('<section id="planted">'):]
+    section = section[: section.index("</section>")]
+    assert planted_rows
+    for r in planted_rows:  # every fitted method with its FVU over the oracle's, as the benchmark computed it
+        assert f'<td class="l">{r["method"]}</td>' in section and f"{r['fvu_ratio']:.2f}x" in section
 
 
 @pytest.mark.slow

@@ -213,15 +213,27 @@ def test_train_settings_refuse_bad_values_naming_the_field():
 def test_the_budget_rule_by_hand():
     from pipeline.training.schedule import Plan, plan
 
-    assert plan(20, 2000, None, "auto", 23) == Plan(87, 2001, 0.01)  # 87 epochs = 2001 steps; 0.5 / sqrt(2001) = 0.0112 -> 1e-2
-    assert plan(20, 2000, None, 5e-4, 23) == Plan(87, 2001, 5e-4)  # an explicit rate is kept
+    # 87 epochs = 2001 steps; 0.5 / sqrt(2001) = 0.0112 -> 1e-2; min_steps asked for 2000 / 2001 of them
+    assert plan(20, 2000, None, "auto", 23) == Plan(87, 2001, 0.01, 2000 / 2001)
+    assert plan(20, 2000, None, 5e-4, 23) == Plan(87, 2001, 5e-4, 2000 / 2001)  # an explicit rate is kept
     budget = plan(50, 0, None, "auto", 5000)  # ImageNet-sized: the epochs decide, lr = 0.5 / sqrt(250,000) = 1e-3
-    assert (budget.epochs, budget.steps) == (50, 250_000) and budget.lr == pytest.approx(1e-3)
+    assert (budget.epochs, budget.steps, budget.guaranteed) == (50, 250_000, 0.0) and budget.lr == pytest.approx(1e-3)
+    assert plan(50, 2000, None, "auto", 5000).guaranteed == pytest.approx(2000 / 250_000), "early stopping may act beyond min_steps"
     assert plan(200, 0, None, "auto", 5000).lr == pytest.approx(5e-4)  # a million steps: the published SAE rate
     assert plan(3, 0, None, "auto", 1) == Plan(3, 3, 0.01)
     # a cap wins over min_steps: 100 steps of 23 a epoch = 5 epochs started, lr 0.5 / sqrt(100) = 0.05 -> 1e-2
-    assert plan(20, 2000, 100, "auto", 23) == Plan(5, 100, 0.01)
+    assert plan(20, 2000, 100, "auto", 23) == Plan(5, 100, 0.01, 1.0)
     assert plan(1, 0, 10_000, "auto", 23) == Plan(1, 23, 0.01), "a cap above the budget changes nothing"
+
+
+def test_early_stopping_waits_for_the_guaranteed_steps():
+    """min_steps = 600 on 1 epoch = 10 steps: 60 epochs, all of them trained although the validation FVU stops
+    improving long before (patience 2); with min_steps 0 the same run stops early."""
+    x = planted().astype(np.float32)
+    for min_steps, expect_all in ((600, True), (0, False)):
+        torch.manual_seed(0)
+        result = fit_array(TinyTopK(8, 16, 4), x, TrainSettings(batch_size=54, epochs=60, min_steps=min_steps, lr=0.05, patience=2))
+        assert (len(result.history) == 60) == expect_all and result.stopped_early != expect_all, (min_steps, len(result.history))
 
 
 def test_defaults_train_a_topk_sae_to_within_twice_the_oracle_on_planted_data():

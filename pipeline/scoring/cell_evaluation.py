@@ -53,8 +53,7 @@ from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
 from pipeline.records import Undefined
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
-from pipeline.scoring.concepts import (ConceptData, KindMetrics, ProbeScores, ProbeStream, VariantCodes, concept_metrics, fit_family_probes,
-                                       metrics_device)
+from pipeline.scoring.concepts import ConceptData, KindMetrics, ProbeScores, ProbeStream, VariantCodes, concept_metrics, fit_family_probes, metrics_device
 from pipeline.scoring.encoding_pass import CurvePoint, encode_rows, fvu_curve
 from pipeline.scoring.options import EvaluateSettings
 from pipeline.scoring.timings import Timings

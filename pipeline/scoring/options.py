@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, model_validator
 
 from pipeline.metrics.conventions import PUBLISHED_REMOVALS, PUBLISHED_THRESHOLD
-from pipeline.models.options import ROTATION_METHODS
+from pipeline.models.options import OPTIONS
 from pipeline.settings import Device, NonNegativeFloat, PositiveFloat, PositiveInt, settings
 
 
@@ -66,20 +66,23 @@ class EvaluateSettings:
 @settings
 class PlantedSettings:
     """The benchmark's grid (params.yaml `planted:`): dimension d, rows n, every k of `ks` and noise of `noises`,
-    each rotation method of `methods`, trained for `epochs` (the rest of the loop settings is params' `train:`)."""
+    each method of `methods` (rotations, and SAEs with a dictionary of `dict_ratio` x d latents: 2 gives one latent
+    per signed planted direction, the tightest dictionary that can hold the planted code), trained for `epochs`
+    (the rest of the loop settings is the method's: params' `train:` with its `methods.<m>.train` override)."""
 
     d: PositiveInt = 32
     n: PositiveInt = 4000
     ks: tuple[PositiveInt, ...] = (4,)
     noises: tuple[NonNegativeFloat, ...] = (0.01, 0.1)
     epochs: PositiveInt = 20
+    dict_ratio: PositiveInt = 2
     methods: tuple[str, ...] = Field(default=("cedar", "identity", "pca", "ica", "random_rotation"), min_length=1)
 
     @model_validator(mode="after")
     def _valid(self) -> "PlantedSettings":
-        bad = [m for m in self.methods if m not in ROTATION_METHODS]
+        bad = [m for m in self.methods if m not in OPTIONS]
         if bad:
-            raise ValueError(f"methods: {bad} are not rotation methods ({', '.join(sorted(ROTATION_METHODS))})")
+            raise ValueError(f"methods: {bad} are not methods ({', '.join(sorted(OPTIONS))})")
         if any(k > self.d for k in self.ks):
             raise ValueError(f"ks: every k must be in 1..d={self.d}, got {list(self.ks)}")
         if self.n < 100:

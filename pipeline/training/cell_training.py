@@ -9,9 +9,10 @@ and writes the final checkpoint (safetensors + config.json + history.json) to st
 (`pipeline.training.sparse.train_sparse`).
 
 A finished checkpoint records the fingerprint of everything its training read (`training_fingerprint`): the
-method, size, k, seed, the method's options and loop settings, the feed mode used (resident and streaming draw
-different batches), the embeddings' fingerprint, the training and validation rows, and the source of the training
-code (`TRAINING_CODE`). When store/models/<run>/ already holds a
+method, size, k, seed, the method's options and loop settings (every candidate of a learning-rate axis,
+`pipeline.training.lr_axis`), the feed mode used (resident and streaming draw different batches), the CPU threads
+(`threads`: torch's CPU sums depend on them), the embeddings' fingerprint, the training and validation rows, and
+the source of the training code (`TRAINING_CODE`). When store/models/<run>/ already holds a
 checkpoint with the current fingerprint and intact weights (their digest is checked, `pipeline.models.checkpoint`),
 training is skipped and that model is reused, so that re-evaluating a cell (new `evaluate` or `explain` params)
 never retrains it. A damaged checkpoint is retrained with a warning naming it, and replaced.
@@ -49,7 +50,9 @@ from pipeline.records import write_json
 from pipeline.store import open_store
 from pipeline.training.device import device_name, resolve_device
 from pipeline.training.feed import FeedPlan, load_rows, plan_feed, streaming_batches
-from pipeline.training.loop import array_batches, preload_optimizer
+from pipeline.training.loop import TrainResult, array_batches, preload_optimizer
+from pipeline.training.lr_axis import train_lr_axis
+from pipeline.training.options import TrainSettings
 from pipeline.training.resume import Checkpoints, load_resume
 from pipeline.training.sparse import train_sparse
 
@@ -67,12 +70,12 @@ FEED_SETTINGS = ("feed", "feed_memory", "shuffle_rows")
 def training_fingerprint(params: Params, cell: Cell, embeddings: object, train_rows: np.ndarray, val_rows: np.ndarray, feed: FeedPlan) -> str:
     """Digest of every input of one cell's training: equal fingerprints train equal models. The memory settings
     enter through what they decide, `feed.identity` (the mode, and streaming's shuffle window)."""
-    settings = dataclasses.asdict(params.train_settings(cell.method))
     return digest({
         "method": cell.method, "size": cell.size, "k": cell.k, "seed": params.seed,
-        "options": params.method_options(cell.method), "train": {k: v for k, v in settings.items() if k not in FEED_SETTINGS},
-        "feed": feed.identity, "embeddings": embeddings, "rows": [rows_digest(train_rows), rows_digest(val_rows)],
-        "code": code_digest(TRAINING_CODE),
+        "options": params.method_options(cell.method),
+        "train": [{k: v for k, v in dataclasses.asdict(s).items() if k not in FEED_SETTINGS} for s in params.train_candidates(cell.method)],
+        "feed": feed.identity, "threads": params.threads, "embeddings": embeddings,
+        "rows": [rows_digest(train_rows), rows_digest(val_rows)], "code": code_digest(TRAINING_CODE),
     })
 
 
@@ -171,16 +174,22 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
             if feed.mode == "streaming" else lambda epoch: iter(())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    timings.part("build")
-    model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
-    work = layout.model_work(cell.name)
-    checkpoints = Checkpoints(work, fingerprint)
     timings.part("train")
-    try:
-        result = train_sparse(model, batches, math.ceil(len(train_rows) / settings.batch_size), init, rows["val"], settings, params.seed,
-                              save_state=checkpoints.save, load_state=lambda m, o: load_resume(work, m, o, fingerprint))
-    finally:
-        checkpoints.close()
+
+    def train_one(candidate: TrainSettings, work: Path) -> TrainResult:
+        """One run of the learning-rate axis (candidates differ in lr only, so they share the rows read above and
+        draw the same batches); its epoch checkpoints go to `work`."""
+        model = build(cell.method, embeddings.shape[1], cell.size, cell.k, seed=params.seed, **params.method_options(cell.method))
+        checkpoints = Checkpoints(work, fingerprint)
+        try:
+            return train_sparse(model, batches, math.ceil(len(train_rows) / candidate.batch_size), init, rows["val"], candidate, params.seed,
+                                save_state=checkpoints.save, load_state=lambda m, o: load_resume(work, m, o, fingerprint))
+        finally:
+            checkpoints.close()
+
+    work = layout.model_work(cell.name)
+    choice = train_lr_axis(params.train_candidates(cell.method), train_one, work, fingerprint)
+    result, settings = choice.result, choice.settings
     timings.part("save")
     final = out.with_name(out.name + ".final")
     if final.exists():
@@ -189,10 +198,11 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
                   "train": dataclasses.asdict(settings), "fingerprint": fingerprint}
     save_model(result.module.cpu(), final, provenance)
     write_json(final / layout.model_history(cell.name).name,
-               {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early})
+               {"history": result.history, "best_epoch": result.best_epoch, "stopped_early": result.stopped_early, **choice.record})
     replace_dir(final, out)
     shutil.rmtree(work, ignore_errors=True)
-    trained = timings.seconds.pop("train")  # split into the parts train_sparse timed itself
+    trained = timings.seconds.pop("train")  # split into the parts train_sparse timed itself (of the kept run; the other
+    # runs of a learning-rate axis, and a kept run resumed from its finished folder, fall in "train_other")
     timings.seconds.update({key: value for key, value in result.timings.items() if key != "steps_run"})
     timings.seconds["train_other"] = max(0.0, trained - sum(v for k, v in result.timings.items() if k != "steps_run"))
     record = timings.record(run=cell.name, device=device_name(device), feed=feed.mode, feed_why=feed.why, steps=int(result.timings.get("steps_run", 0)),

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ByteSize, PlainValidator, TypeAdapter, ValidationError
 
@@ -50,7 +50,7 @@ class TrainSettings:
     weight_decay: decoupled weight decay on weight matrices (0 = Adam). warmup_frac: fraction of the steps of
     linear warm-up. min_lr_frac: the cosine decay ends at this fraction of lr. grad_clip: maximum global gradient
     norm (0 = no clipping). patience: epochs without validation improvement before stopping (components trained
-    with a monitored validation only). init_samples: rows of the sample a sparse model's data-dependent
+    with a monitored validation only; a sparse model counts them only after its `min_steps`). init_samples: rows of the sample a sparse model's data-dependent
     initialisation sees (means, PCA, thresholds). val_samples: rows of the validation split a sparse model is
     validated on after each epoch (a seeded subsample, so validation memory does not grow with the dataset).
     max_steps: stop after this many optimiser steps in all (None: every batch of every epoch; it wins over
@@ -88,3 +88,29 @@ class TrainSettings:
     feed: Literal["auto", "resident", "streaming"] = "auto"
     feed_memory: Memory = 0.5
     shuffle_rows: PositiveInt = 131_072
+
+
+_LR = TypeAdapter(PositiveOrAuto)
+
+
+def lr_axis(value: Any) -> tuple[float | str, ...]:
+    """The learning rates a `train.lr` entry asks for: a list (a sparse model's learning-rate axis, params.yaml
+    `methods.<m>.train.lr: [..]`; each candidate is trained and the best kept on the validation split,
+    `pipeline.training.lr_axis`) or one value (an axis of one). Each must be a number > 0 or "auto"; a list must be
+    non-empty, without repeats. ValueError with one line per problem, each starting with the item it names (`[i]: `,
+    or `: ` for the entry as a whole)."""
+    listed = isinstance(value, (list, tuple))
+    if listed and not value:
+        raise ValueError(": expected at least one learning rate, got an empty list")
+    problems, values = [], []
+    for i, item in enumerate(value if listed else [value]):
+        try:
+            values.append(_LR.validate_python(item))
+        except ValidationError as e:
+            problems.append(f"{f'[{i}]' if listed else ''}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        problems.append(f": learning rates listed twice: {', '.join(repeated)}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return tuple(values)

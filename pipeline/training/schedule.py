@@ -7,7 +7,8 @@ about lr per step, so a short run needs a larger step and a long one a smaller: 
 published SAE rate 5e-4 is reached at a million steps (about 200 ImageNet epochs at batch 256). Measured on planted
 data (d = 32, k = 4, 8,000 rows, dictionary 2d, noise 0.1): with this rule every SAE but ReLU ends within 2x of
 the oracle FVU (top-k in the true basis), where the old defaults (lr 5e-4, 20 epochs = 460 steps) ended 18-22x
-above it (bench/bench_training_budget.py).
+above it (bench/bench_training_budget.py). The `min_steps` are guaranteed: a sparse model's early stopping counts
+epochs only after them (`Plan.guaranteed`), so a small data set is trained through the whole learning-rate decay.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ LR_SCALE, LR_MIN, LR_MAX = 0.5, 5e-4, 1e-2
 @dataclass(frozen=True)
 class Plan:
     """A run's budget: `epochs` started (the last one may stop at `steps`), `steps` optimiser steps in all (what the
-    learning-rate schedule spans), peak learning rate `lr`."""
+    learning-rate schedule spans), peak learning rate `lr`, and `guaranteed`, the fraction of `steps` the `min_steps`
+    rule asked for (1 when the run is no longer than that: a sparse model's early stopping counts only after it,
+    `pipeline.training.sparse.train_sparse`)."""
 
     epochs: int
     steps: int
     lr: float
+    guaranteed: float = 0.0
 
 
 def plan(epochs: int, min_steps: int, max_steps: int | None, lr: float | str, steps_per_epoch: int) -> Plan:
@@ -52,4 +56,4 @@ def plan(epochs: int, min_steps: int, max_steps: int | None, lr: float | str, st
         steps, epochs = max_steps, math.ceil(max_steps / steps_per_epoch)
     if lr == "auto":
         lr = min(LR_MAX, max(LR_MIN, LR_SCALE / math.sqrt(steps)))
-    return Plan(epochs, steps, float(lr))
+    return Plan(epochs, steps, float(lr), min(1.0, min_steps / steps))
