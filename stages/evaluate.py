@@ -27,10 +27,10 @@ from pipeline.data.dataset import open_dataset
 from pipeline.explain.decoder import load_decoder
 from pipeline.explain.explanations import Concepts
 from pipeline.grid import Cell
+from pipeline.metrics.tapas import Tapas
 from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.metrics.tapas import Tapas
 from pipeline.scoring.cell_evaluation import CellEvaluation, CellInputs, evaluate_cell, untrained_twin
 from pipeline.scoring.concepts import KindMetrics, MatchingScores, TapasScores, VariantMetrics
 from pipeline.store import open_store
