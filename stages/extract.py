@@ -101,7 +101,8 @@ def run(params: Params, layout: Layout) -> None:
         return
     encoder = open_encoder(layout.encoder)
     with atomic_dir(layout.embeddings, resume=True) as tmp:  # its stores resume from their last complete chunk
-        base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE)}
+        base = {"encoder": encoder.id, "dataset": digest(data.meta["provenance"]), "code": code_digest(EXTRACT_CODE),
+                "threads": params.threads}  # CPU sums depend on the thread count: a resume must not mix two
         attrs = {"producer": "stages.extract", "encoder": encoder.id, "dim": encoder.dim}
         bs, chunk = params.extract.batch_size, params.extract.chunk_rows
 

@@ -90,3 +90,5 @@ def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(prepared, tm
     uninterrupted = open_store(fresh_root / "store" / "embeddings" / "images.zarr").read()
     np.testing.assert_array_equal(resumed, uninterrupted)
     assert resumed.shape[0] == 360
+    # the thread count the rows were computed with is part of what a resume must match (CPU sums depend on it)
+    assert open_store(root / "store" / "embeddings" / "images.zarr").attrs["fingerprint"]["threads"] == params.threads
