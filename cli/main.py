@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from flow.commands import add_flow_commands
 from pipeline.config import ParamsError, load_params
@@ -68,10 +69,23 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return cmd_preset(argparse.Namespace(name=f"{args.name}-smoke", params=args.params, force=args.force))
 
 
+def seconds(path: Path, *keys: str) -> str:
+    """A duration from a timings file (`keys` into its JSON) for a table cell: "12.3s", or "-" when not recorded."""
+    try:
+        value: Any = json.loads(path.read_text())
+        for key in keys:
+            value = value[key]
+        return f"{float(value):.1f}s"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "-"
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
+    """Each run's reconstruction numbers and the wall-clock seconds of its last training and evaluation (the
+    timings files beside the records: not in the report, whose bytes must not change from run to run)."""
     params = load_params(args.params)
     layout = Layout(args.root)
-    print(f"{'run':<24} {'latents':>8} {'k':>4} {'FVU':>8} {'L0':>7} {'dead':>6}")
+    print(f"{'run':<24} {'latents':>8} {'k':>4} {'FVU':>8} {'L0':>7} {'dead':>6} {'train':>9} {'evaluate':>9}")
     for cell in params.cells():
         path = layout.run_metrics(cell.name)
         if not path.is_file():
@@ -79,7 +93,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             continue
         m = json.loads(path.read_text())
         t = m["trained"]
-        print(f"{cell.name:<24} {m['size']:>8} {m['k']:>4} {t['fvu']:>8.4f} {t['l0']:>7.2f} {t['dead_fraction']:>6.3f}")
+        train, evaluate = seconds(layout.model_timings(cell.name), "seconds", "total"), seconds(layout.run_timings(cell.name), "total")
+        print(f"{cell.name:<24} {m['size']:>8} {m['k']:>4} {t['fvu']:>8.4f} {t['l0']:>7.2f} {t['dead_fraction']:>6.3f} {train:>9} {evaluate:>9}")
     return 0
 
 

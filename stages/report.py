@@ -122,8 +122,9 @@ def provenance(encoder: dict[str, Any], runs: list[dict[str, Any]], root: Any) -
                   + ", ".join(f"{device} ({count} runs)" for device, count in sorted(devices.items()))
                   + f" · report built on: {here} ({platform.machine()}, {os.cpu_count()} CPUs)",
         "versions": versions,
-        "training_time": "not recorded: the records hold only deterministic values (a duration would change the bytes DVC tracks); "
-                         "`dvc repro` and `cedar flow` log each stage's time",
+        "training_time": "not in this page, whose bytes must not change from run to run: each run's training and evaluation "
+                         "seconds, part by part, are in store/models/<run>.timings.json and store/timings/<run>.json "
+                         "(`cedar runs` lists their totals)",
     }
 
 

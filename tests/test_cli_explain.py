@@ -151,3 +151,26 @@ def test_cli_explain_goes_through_the_encoder_registry(tmp_path: Path, capsys: p
     listed = [m.group(1) for line in out.splitlines() if (m := re.match(r"\s+[+-]\d+\s+\d+\.\d{3}\s+(\w+) \(", line))]
     assert len(listed) == 2 and set(listed) <= {"red", "blue", "green", "thing"}
     assert "caption (sparse reconstruction, k = 4): " in out and "caption (dense embedding): " in out
+
+
+def test_cli_runs_lists_each_runs_numbers_and_its_training_and_evaluation_seconds(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.config import load_params
+    from pipeline.paths import Layout
+
+    layout, cells = Layout(project), load_params(project / "params.yaml").cells()
+    timed, untimed = cells[0].name, cells[1].name
+    for name in (timed, untimed):  # two evaluated runs: one with timings files, one without
+        layout.run_metrics(name).parent.mkdir(parents=True, exist_ok=True)
+        layout.run_metrics(name).write_text(json.dumps({"size": 16, "k": 4, "trained": {"fvu": 0.25, "l0": 4.0, "dead_fraction": 0.125}}))
+    layout.model_timings(timed).parent.mkdir(parents=True, exist_ok=True)
+    layout.model_timings(timed).write_text(json.dumps({"seconds": {"steps": 10.0, "total": 12.34}}))
+    layout.run_timings(timed).parent.mkdir(parents=True, exist_ok=True)
+    layout.run_timings(timed).write_text(json.dumps({"fms": 1.0, "total": 56.78}))
+    assert main(["runs", "--params", str(project / "params.yaml"), "--root", str(project)]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["run"][-2:] == ["train", "evaluate"]
+    assert lines[timed][1:] == ["16", "4", "0.2500", "4.00", "0.125", "12.3s", "56.8s"]
+    assert lines[untimed][-2:] == ["-", "-"], "a run without timings files says so"
+    layout.run_metrics(untimed).unlink()
+    main(["runs", "--params", str(project / "params.yaml"), "--root", str(project)])
+    assert "(not evaluated)" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith(untimed))
