@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.explain.explanations import explain_run
+from pipeline.models.options import DEVIATIONS, PUBLISHED
 from pipeline.report.tables import (
     best_run,
     best_runs,
@@ -145,8 +146,16 @@ def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
     assert ours["TAPAScore: a pair with an empty coalition"]["value"] == "counts as 0"
     assert ours["FMS: a removal count with no latent left to split"]["value"] == "scores the majority rate"
     assert ours["FMS: removals averaged"]["published"] == "1..9"
-    relu = "ReLU SAE: L1 shrinkage corrected after training (per-latent gains)"
-    with_methods = conventions(EvaluateSettings(), {"topk": {}, "relu": {"rescale": False, "l1_coef": 0.05}})
-    assert [(c["convention"], c["value"], c["deviation"]) for c in with_methods[5:]] == [(relu, "off", False)]
-    (rescaled,) = conventions(EvaluateSettings(), {"relu": {"rescale": True}})[5:]
+    # the methods' options: a default that departs from the published recipe (PUBLISHED) is named as a deviation
+    rescale, slack, resample = (f"relu: {text}" for text in DEVIATIONS["relu"].values())
+    with_methods = {c["convention"]: c for c in conventions(EvaluateSettings(), {"topk": {}, "relu": {"rescale": False, "l1_coef": 0.05}})[5:]}
+    assert {name: (c["value"], c["published"], c["deviation"]) for name, c in with_methods.items()} == {
+        rescale: ("off", "off", False),
+        slack: ("on (0.05)", "off", True),  # the defaults: ReLU's controller aimed 5 % above k ...
+        resample: ("on (0.05)", "off", True),  # ... and resampling, for every SAE
+        f"topk: {DEVIATIONS['topk']['resample_every']}": ("on (0.05)", "off", True),
+    }
+    published_recipe = conventions(EvaluateSettings(), {"relu": {"rescale": False, **PUBLISHED["relu"]}, "matryoshka_prefix": {}})[5:]
+    assert not any(c["deviation"] for c in published_recipe), "the published values (and a default that is one) deviate from nothing"
+    rescaled = next(c for c in conventions(EvaluateSettings(), {"relu": {"rescale": True}})[5:] if c["convention"] == rescale)
     assert (rescaled["value"], rescaled["published"], rescaled["deviation"]) == ("on", "off", True)

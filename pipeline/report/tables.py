@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.models.options import DEVIATIONS, options_class
+from pipeline.models.options import DEVIATIONS, PUBLISHED, options_class
 from pipeline.records import json_number
 
 #: the caption sources, in the order the report shows them
@@ -281,7 +281,16 @@ def conventions(evaluate: Any, method_options: dict[str, dict[str, Any]] | None 
     out = [{"convention": text, "value": show(getattr(evaluate, name)), "published": show(defaults[name]),
             "deviation": getattr(evaluate, name) != defaults[name]} for name, text, show in rules]
     for method, options in (method_options or {}).items():
-        published = {f.name: f.default for f in dataclasses.fields(options_class(method))}
-        out += [{"convention": text, "value": "on" if options[name] else "off", "published": "on" if published[name] else "off",
-                 "deviation": options[name] != published[name]} for name, text in DEVIATIONS.get(method, {}).items()]
+        defaults = {f.name: f.default for f in dataclasses.fields(options_class(method))}
+        published = {**defaults, **PUBLISHED.get(method, {})}
+        value = {name: options.get(name, defaults[name]) for name in DEVIATIONS.get(method, {})}
+        out += [{"convention": f"{method}: {text}", "value": _switch(value[name]), "published": _switch(published[name]),
+                 "deviation": value[name] != published[name]} for name, text in DEVIATIONS.get(method, {}).items()]
     return out
+
+
+def _switch(value: Any) -> str:
+    """An option of `DEVIATIONS` for the conventions table: "off" when falsy, "on" for True, else "on (value)"."""
+    if not value:
+        return "off"
+    return "on" if value is True else f"on ({value:g})"
