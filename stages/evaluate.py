@@ -76,13 +76,14 @@ def tapas_scores_record(tapas: TapasScores | None) -> dict[str, Any] | None:
 
 def variant_record(v: VariantMetrics) -> dict[str, Any]:
     return {"matching": matching_record(v.matching), "match_score": v.match_score, "tapas": tapas_scores_record(v.tapas), "delta_stay": v.delta_stay,
-            "cknna": v.cknna, "fms": v.fms, "probe": asdict(v.probe) if v.probe is not None else None, "coalitions": [list(c) for c in v.coalitions]}
+            "cknna": v.cknna, "fms": v.fms, "probe": asdict(v.probe) if v.probe is not None else None, "coalitions": [list(c) for c in v.coalitions],
+            "match_strongest": v.match_strongest}
 
 
 def kind_record(m: KindMetrics) -> dict[str, Any]:
     delta = {**{rule_name(beta): dict(by_k) for beta, by_k in m.delta_matching.fbmp.items()}, "one_to_one": m.delta_matching.one_to_one}
     return {"trained": variant_record(m.trained), "untrained": variant_record(m.untrained), "random": variant_record(m.random),
-            "delta_match_score": m.delta_match_score, "delta_matching": delta}
+            "delta_match_score": m.delta_match_score, "delta_matching": delta, "delta_match_strongest": m.delta_match_strongest}
 
 
 def metrics_record(result: CellEvaluation) -> dict[str, Any]:

@@ -190,7 +190,9 @@ def run(params: Params, layout: Layout, params_text: str) -> str:
         },
         headline=tables,
         sentences={kind: headline.sentences(rows_) for kind, rows_ in tables.items()},
-        sanity={kind: headline.sanity_sentences(separation(runs, kind)) for kind in data.kinds},
+        sanity={kind: headline.sanity_sentences(separation(runs, kind)) + headline.delta_sentences(runs, kind, params.evaluate.match_strongest)
+                for kind in data.kinds},
+        strongest_k=params.evaluate.match_strongest,
         explorer=explorer(runs, explains, attributes, tiles),
         explorer_default=[r["run"] for r in (lead, other) if r is not None],
         examples=examples,

@@ -251,3 +251,42 @@ def test_later_steps_count_against_the_residual_or_the_covered_labels_alike(alig
     assert [c.tolist() for c in result.coalitions] == _reference_fbmp(active, labels, 0.5, 3)
     covered = sum(int((labels[:, a] & active[:, c[0]]).sum()) for a, c in enumerate(result.coalitions))
     assert (covered > labels.sum() - covered) == aligned
+
+
+def test_strongest_keeps_each_rows_largest_activations_by_hand() -> None:
+    codes = np.array([[0.0, 3.0, 1.0, 2.0],   # keeps 3 and 2
+                      [5.0, 0.0, 0.0, 0.0],   # one activation: kept whole
+                      [1.0, 1.0, 1.0, 0.0],   # a tie: the lower latents win
+                      [0.0, 0.0, 0.0, 0.0]])  # nothing active
+    expected = np.array([[0, 3, 0, 2], [5, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=float)
+    np.testing.assert_array_equal(matching.strongest(codes, 2).toarray(), expected)
+    np.testing.assert_array_equal(matching.strongest(sparse.csr_matrix(codes), 2).toarray(), expected)
+    np.testing.assert_array_equal(matching.strongest(codes, 4).toarray(), codes)
+    with pytest.raises(ValueError, match="k: expected >= 1"):
+        matching.strongest(codes, 0)
+
+
+def test_strongest_keeps_at_most_k_per_row_and_never_a_smaller_one_over_a_larger_one() -> None:
+    rng = np.random.default_rng(0)
+    codes = sparse.random_array((300, 40), density=0.3, random_state=rng, format="csr")
+    kept = matching.strongest(codes, 3)
+    dense, kept_dense = codes.toarray(), kept.toarray()
+    assert (np.diff(kept.indptr) == np.minimum(np.diff(codes.tocsr().indptr), 3)).all()
+    assert ((kept_dense == 0) | (kept_dense == dense)).all(), "kept values are the codes' own"
+    dropped = np.where(kept_dense == 0, dense, 0)
+    smallest_kept = np.where(kept_dense > 0, kept_dense, np.inf).min(1)
+    assert (dropped.max(1) <= smallest_kept).all()
+
+
+def test_weak_activations_off_the_concept_cost_matchscore_and_the_strongest_codes_show_it() -> None:
+    """The k = 32 case in small: a latent fires strongly exactly on its attribute and weakly on half the other rows.
+    Binarised, the weak activations count like strong ones and halve its precision; each row's strongest
+    activation matches the attribute exactly."""
+    labels = np.zeros((8, 2), dtype=bool)
+    labels[:4, 0] = labels[4:, 1] = True
+    codes = np.zeros((8, 2))
+    codes[:4, 0] = codes[4:, 1] = 1.0  # the concept latents, strong
+    codes[4:6, 0] = codes[:2, 1] = 0.01  # and weak where their attribute is absent
+    full = fbmp(matching.binarise(codes), labels, k=1)
+    assert full.f1 == pytest.approx([2 * 4 / (4 + 6)] * 2)  # precision 4/6, recall 1
+    assert fbmp(matching.binarise(matching.strongest(codes, 1)), labels, k=1).score == 1.0

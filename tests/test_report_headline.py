@@ -67,3 +67,22 @@ def test_sanity_sentences_follow_the_counts_not_the_published_expectation() -> N
     assert len(text) == 5 and text[4].startswith("Unlike the published finding: MATCHScore (FBMP) does not separate here; TAPAScore does not "
                                                  "separate here; CKNNA separates here.")
     assert not any("As in the published finding" in t for t in text)
+
+
+def test_delta_sentences_name_binarisation_only_where_the_strongest_activations_say_so() -> None:
+    from pipeline.report.headline import delta_sentences
+
+    def with_strongest(r: dict, delta: float | None) -> dict:
+        return {**r, "concepts": {"objects": {**r["concepts"]["objects"], "delta_match_strongest": delta}}}
+
+    runs = [with_strongest(RUNS[6], 0.21),  # topk-256-32: -0.02 at full k, +0.21 on the strongest 8
+            with_strongest(record("relu-256-32", "relu", 256, 32, 0.40, 0.45, 0.03), -0.01),
+            with_strongest(RUNS[0], 0.3),  # positive Delta: not mentioned
+            with_strongest(RUNS[5], None)]  # a fixed basis: never "below its twin"
+    binarised, unexplained = delta_sentences(runs, "objects", 8)
+    assert binarised.startswith("Delta-MATCHScore is negative in topk-256-32 (-0.020), but on each row's 8 strongest")
+    assert "(+0.210)" in binarised and "not the training" in binarised
+    assert unexplained.startswith("Delta-MATCHScore is negative in relu-256-32 (-0.050), and stays so") and "the training" in unexplained
+    assert delta_sentences(runs[2:], "objects", 8) == []
+    (off,) = delta_sentences(runs, "objects", None)
+    assert "match_strongest is off" in off

@@ -120,6 +120,12 @@ def test_aligned_axes_match_perfectly_and_respond_to_edits():
     assert result.delta_matching.fbmp[0.5][3] == result.delta_match_score
     assert result.delta_matching.one_to_one == pytest.approx(trained.matching.one_to_one.match - result.untrained.matching.one_to_one.match)
     assert trained.probe.kl >= 0 and result.random.probe is None
+    # the diagnostic on each row's strongest activations: at k = 1 the codes are already that, so it equals MATCHScore
+    assert trained.match_strongest == pytest.approx(trained.match_score)
+    assert result.delta_match_strongest == pytest.approx(trained.match_strongest - result.untrained.match_strongest)
+    off = concept_metrics(variant(model, data, x, pairs, probes), variant(twin, data, x, pairs, probes), data,
+                          EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64, match_strongest=None), seed=0)
+    assert off.trained.match_strongest is None and off.delta_match_strongest is None
     assert set(trained.matching.fbmp) == {0.25, 0.5, 1.0} and set(trained.matching.fbmp[0.5]) == set(settings.match_ks)
 
 

@@ -132,6 +132,7 @@ def test_synthetic_source_round_trips_through_the_stages(tmp_path):
         assert result["device"] == "cpu" and result["n_test"] == 120
         trained = result["concepts"]["synthetic"]["trained"]
         assert 0 < result["trained"]["fvu"] < 1 and trained["tapas"]["n_pairs"] == 40 and trained["probe"] is not None
+        assert 0 <= trained["match_strongest"] <= 1 and isinstance(result["concepts"]["synthetic"]["delta_match_strongest"], float)
         assert (layout.codes(c.name) / "trained" / "test" / "meta.json").is_file()
     planted.run(params, layout)
     html = report.run(params, layout, (tmp_path / "params.yaml").read_text())

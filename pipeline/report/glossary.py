@@ -40,6 +40,14 @@ TERMS: dict[str, Term] = {t.name: t for t in [
          "chance; the difference removes what an untrained model already gets. Fixed bases (identity, PCA, ICA, a "
          "random rotation) train nothing: their twin is themselves and the difference is 0 by construction, not a failure.",
          CONCEPTS),
+    Term("Delta-MATCHScore, strongest activations", "higher",
+         "Delta-MATCHScore on each row's strongest activations only (evaluate.match_strongest of them)",
+         "The same rule (FBMP, beta 0.5, coalitions of up to 3) on codes cut to each row's largest activations, trained "
+         "less untrained. Binarising counts a latent that fires at 1% of its usual size like one that fires fully; at a "
+         "large k a trained model's latents also fire weakly on rows without their concept, which costs it precision. "
+         "When Delta-MATCHScore is negative but this one is positive, the trained model's strong activations do match "
+         "the concepts better than its twin's: the negative sign comes from the binarisation at that k, not from "
+         "the training. A diagnostic of this project, not a published metric."),
     Term("TAPAScore", "higher", "do the latents matched to an attribute switch on when it is added and off when it is removed",
          "On image pairs that differ in one edited attribute, the change of the matched latents' binarised activation: "
          "mean switch-on of the added attribute's coalition minus mean switch-on of the removed one's. In [-2, 2]; "

@@ -142,3 +142,35 @@ def sanity_sentences(separation: list[dict[str, Any]]) -> list[str]:
                    + ". Metrics that separate here measure something the training adds on this data; those that do not measure "
                      "something untrained codes have too (the per-k counts say at which sparsity the twins catch up).")
     return out
+
+
+def delta_sentences(runs: list[dict[str, Any]], kind: str, strongest_k: int | None) -> list[str]:
+    """Why learned runs score below their untrained twins on MATCHScore (a negative Delta-MATCHScore), from the
+    diagnostic beside it (`evaluate.match_strongest`): when the same codes cut to each row's `strongest_k` largest
+    activations put the trained model ahead, its strong activations match the concepts and the weak ones, which
+    binarising counts like strong ones, cost it precision: the metric at that k, not the training. Otherwise the
+    training or the model is the suspect. Empty when no learned run is below its twin."""
+    below = [r for r in runs if r.get("best_epoch") and _number(r["concepts"][kind].get("delta_match_score")) is not None
+             and r["concepts"][kind]["delta_match_score"] < 0]
+    if not below:
+        return []
+
+    def names(rows: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{r['run']} ({r['concepts'][kind]['delta_match_score']:+.3f})" for r in rows)
+
+    if strongest_k is None:
+        return [f"Delta-MATCHScore is negative in {names(below)}; evaluate.match_strongest is off, so the report cannot say whether "
+                "binarisation or the training is the cause."]
+    strong = [r for r in below if (_number(r["concepts"][kind].get("delta_match_strongest")) or 0) > 0]
+    weak = [r for r in below if r not in strong]
+    out = []
+    if strong:
+        gains = ", ".join(f"{r['concepts'][kind]['delta_match_strongest']:+.3f}" for r in strong)
+        out.append(f"Delta-MATCHScore is negative in {names(strong)}, but on each row's {strongest_k} strongest activations the same "
+                   f"codes beat their untrained twin ({gains}): the trained latents also fire weakly on rows without their concept, "
+                   "and binarising counts those weak activations like strong ones (the metric at this k, not the training; "
+                   "docs/science.md, \"Delta-MATCHScore at large k\").")
+    if weak:
+        out.append(f"Delta-MATCHScore is negative in {names(weak)}, and stays so on each row's {strongest_k} strongest activations: "
+                   "binarisation does not explain it; the training or the model does.")
+    return out

@@ -50,6 +50,7 @@ class ReportData:
     family_separation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> `tables.family_separation(...)`
     conventions: list[dict[str, Any]] = field(default_factory=list)  # `tables.conventions(...)`
     confusion: list[dict[str, Any]] = field(default_factory=list)  # `tables.confusion(...)`
+    strongest_k: int | None = None  # evaluate.match_strongest: the diagnostic column beside Delta-MATCHScore
 
 
 #: the sprite's data URI is written into a <style> block, where HTML escaping does not apply: anything but a base64

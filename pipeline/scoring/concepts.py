@@ -51,7 +51,7 @@ from pipeline.data.dataset import sample_rows
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import fms
-from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, tp_counts
+from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, strongest, tp_counts
 from pipeline.metrics.probe import Probes, fit_probes, probe_scores
 from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
@@ -180,7 +180,8 @@ class TapasScores:
 class VariantMetrics:
     """Every concept metric of one variant's codes on one kind. match_score: FBMP's MATCHScore at (tapas_beta,
     tapas_k); tapas / delta_stay: None when the kind has no pairs; probe: None for random codes or a kind without
-    one-hot families; coalitions: the TAPAS coalition (latent indices) of each attribute."""
+    one-hot families; coalitions: the TAPAS coalition (latent indices) of each attribute; match_strongest: the
+    MATCHScore rule on each row's `evaluate.match_strongest` largest activations (None when that is off)."""
 
     matching: MatchingScores
     match_score: float
@@ -190,18 +191,21 @@ class VariantMetrics:
     fms: float
     probe: ProbeScores | None
     coalitions: tuple[tuple[int, ...], ...]
+    match_strongest: float | None = None
 
 
 @dataclass(frozen=True)
 class KindMetrics:
     """The concept metrics of one kind: each variant's, and Delta-MATCHScore (trained less untrained) at the TAPAS
-    rule (`delta_match_score`) and for every rule (`delta_matching`)."""
+    rule (`delta_match_score`), for every rule (`delta_matching`) and on the strongest activations
+    (`delta_match_strongest`)."""
 
     trained: VariantMetrics
     untrained: VariantMetrics
     random: VariantMetrics
     delta_match_score: float
     delta_matching: MatchingDeltas
+    delta_match_strongest: float | None = None
 
 
 def random_variant(frequency: np.ndarray, seed: int) -> VariantCodes:
@@ -319,6 +323,10 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     timings = timings or Timings()
     with timings.part("matching"):
         scores, matching = matching_scores(codes, data, settings)
+        strong = None
+        if settings.match_strongest is not None:
+            top = binarise(strongest(codes.match.codes(data.match_rows), settings.match_strongest), settings.active_threshold)
+            strong = fbmp(top, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k).score
     tapas = stay = None
     if len(data.pair_ids) > 0:
         with timings.part("tapas"):
@@ -336,6 +344,7 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     return VariantMetrics(
         matching=scores, match_score=scores.fbmp[settings.tapas_beta][settings.tapas_k].match, tapas=tapas, delta_stay=stay,
         cknna=similarity, fms=fms_result.fms, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
+        match_strongest=strong,
     )
 
 
@@ -348,4 +357,6 @@ def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: Concep
     of_untrained = variant_metrics(untrained, data, settings, seed, timings)
     of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, timings)
     delta = of_trained.matching.delta(of_untrained.matching)
-    return KindMetrics(of_trained, of_untrained, of_random, delta.fbmp[settings.tapas_beta][settings.tapas_k], delta)
+    strong = None if of_trained.match_strongest is None or of_untrained.match_strongest is None \
+        else of_trained.match_strongest - of_untrained.match_strongest
+    return KindMetrics(of_trained, of_untrained, of_random, delta.fbmp[settings.tapas_beta][settings.tapas_k], delta, strong)

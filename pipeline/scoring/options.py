@@ -31,6 +31,11 @@ class EvaluateSettings:
     ("skip"). fms_removals: FMS@p averaged over these p (1..9; one value = FMS@p). fms_levels: FMS's global term with
     the no-split level ("published") or over levels 2..D ("paper"). fms_exhausted: a removal count after which no
     latent can split leaves the mean ("drop") or scores the majority rate ("majority").
+    match_strongest: a diagnostic beside MATCHScore (None: off): the same rule (tapas_beta, tapas_k) on each row's
+    `match_strongest` largest activations only (`pipeline.metrics.matching.strongest`), and its Delta against the
+    untrained twin; for a run with more active latents per row it tells a model whose strong activations match
+    the concepts, but whose weak ones (binarised like strong ones) cost precision, from a model that matches them
+    at no strength (docs/science.md, "Delta-MATCHScore at large k").
     """
 
     ks: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16, 32)
@@ -51,6 +56,7 @@ class EvaluateSettings:
     fms_removals: tuple[PositiveInt, ...] = PUBLISHED_REMOVALS
     fms_levels: Literal["published", "paper"] = "published"
     fms_exhausted: Literal["drop", "majority"] = "drop"
+    match_strongest: PositiveInt | None = 8
 
     @model_validator(mode="after")
     def _tapas_rule_is_reported(self) -> "EvaluateSettings":
