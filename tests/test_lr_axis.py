@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config import ParamsError, validate_params
+from pipeline.config import validate_params
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import load_model
 from pipeline.models.registry import build
@@ -21,16 +21,7 @@ from pipeline.training.feed import FeedPlan
 from pipeline.training.loop import TrainResult
 from pipeline.training.lr_axis import rank, train_lr_axis
 from pipeline.training.options import TrainSettings, lr_axis
-
-
-def tiny() -> dict:
-    return yaml.safe_load(preset_text("tiny"))
-
-
-def error_of(raw: dict) -> str:
-    with pytest.raises(ParamsError) as e:
-        validate_params(raw)
-    return str(e.value)
+from tests.test_config import error_of, tiny
 
 
 # --- the schema -----------------------------------------------------------------------------------------------------
