@@ -48,8 +48,8 @@ def test_each_smoke_variant_runs_its_presets_loader_and_architecture(tmp_path, m
 def test_full_presets_validate_and_dry_run_their_whole_dag(tmp_path, monkeypatch):
     """`cedar validate` and `dvc repro --dry` on each full preset in a scratch clone. Every key validates; what
     `cedar validate` still reports here is only what this machine lacks, the pretrained weights (offline, not in the
-    hub cache), one line each with the instructions. ImageNet is a stand-in of 240 tiny images in class folders, enough
-    for every split. DVC's dry run stops at the first stage whose dependency is an output not yet made
+    hub cache), one line each with the instructions. ImageNet is a stand-in of 4,800 tiny images in class folders, enough
+    for every split and for the preset's batches. DVC's dry run stops at the first stage whose dependency is an output not yet made
     (treeverse/dvc#9021, also for the tiny preset), so the stage output folders exist (empty), as after any earlier
     run."""
 
@@ -57,7 +57,7 @@ def test_full_presets_validate_and_dry_run_their_whole_dag(tmp_path, monkeypatch
 
     repo = scratch_copy(tmp_path)
     monkeypatch.chdir(repo)
-    for i in range(240):
+    for i in range(4800):  # 4,320 training rows: the preset's SAE batches of 4096 fit (cedar validate checks it)
         folder = repo / "data" / "imagenet" / "train" / f"n{i % 4}"
         folder.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (8, 8), (i, 0, 0)).save(folder / f"{i}.png")
