@@ -123,6 +123,7 @@ def test_aligned_axes_match_perfectly_and_respond_to_edits():
     # the diagnostic on each row's strongest activations: at k = 1 the codes are already that, so it equals MATCHScore
     assert trained.match_strongest == pytest.approx(trained.match_score)
     assert result.delta_match_strongest == pytest.approx(trained.match_strongest - result.untrained.match_strongest)
+    assert result.random.match_strongest is None, "random codes have no strength to rank"
     off = concept_metrics(variant(model, data, x, pairs, probes), variant(twin, data, x, pairs, probes), data,
                           EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64, match_strongest=None), seed=0)
     assert off.trained.match_strongest is None and off.delta_match_strongest is None

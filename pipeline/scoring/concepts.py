@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Protocol
 
@@ -181,7 +181,8 @@ class VariantMetrics:
     """Every concept metric of one variant's codes on one kind. match_score: FBMP's MATCHScore at (tapas_beta,
     tapas_k); tapas / delta_stay: None when the kind has no pairs; probe: None for random codes or a kind without
     one-hot families; coalitions: the TAPAS coalition (latent indices) of each attribute; match_strongest: the
-    MATCHScore rule on each row's `evaluate.match_strongest` largest activations (None when that is off)."""
+    MATCHScore rule on each row's `evaluate.match_strongest` largest activations (None when that is off, and for
+    random codes, whose activations have no strength to rank)."""
 
     matching: MatchingScores
     match_score: float
@@ -323,10 +324,6 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     timings = timings or Timings()
     with timings.part("matching"):
         scores, matching = matching_scores(codes, data, settings)
-        strong = None
-        if settings.match_strongest is not None:
-            top = binarise(strongest(codes.match.codes(data.match_rows), settings.match_strongest), settings.active_threshold)
-            strong = fbmp(top, data.y_match, beta=settings.tapas_beta, k=settings.tapas_k).score
     tapas = stay = None
     if len(data.pair_ids) > 0:
         with timings.part("tapas"):
@@ -344,19 +341,29 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     return VariantMetrics(
         matching=scores, match_score=scores.fbmp[settings.tapas_beta][settings.tapas_k].match, tapas=tapas, delta_stay=stay,
         cknna=similarity, fms=fms_result.fms, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
-        match_strongest=strong,
     )
+
+
+def strongest_match_score(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> float:
+    """MATCHScore's rule (tapas_beta, tapas_k) on each matching row's `settings.match_strongest` largest activations."""
+    top = strongest(codes.match.codes(data.match_rows), settings.match_strongest)
+    return fbmp(binarise(top, settings.active_threshold), data.y_match, beta=settings.tapas_beta, k=settings.tapas_k).score
 
 
 def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int,
                     timings: Timings | None = None) -> KindMetrics:
     """Every concept metric for the trained model's codes, its untrained twin's and random codes, plus the deltas;
     their seconds go to `timings`."""
+    timings = timings or Timings()
     frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
     of_trained = variant_metrics(trained, data, settings, seed, timings)
     of_untrained = variant_metrics(untrained, data, settings, seed, timings)
     of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, timings)
     delta = of_trained.matching.delta(of_untrained.matching)
-    strong = None if of_trained.match_strongest is None or of_untrained.match_strongest is None \
-        else of_trained.match_strongest - of_untrained.match_strongest
+    strong = None
+    if settings.match_strongest is not None:  # the trained model and its twin only: random codes have no strength to rank
+        with timings.part("matching"):
+            of_trained = replace(of_trained, match_strongest=strongest_match_score(trained, data, settings))
+            of_untrained = replace(of_untrained, match_strongest=strongest_match_score(untrained, data, settings))
+        strong = of_trained.match_strongest - of_untrained.match_strongest
     return KindMetrics(of_trained, of_untrained, of_random, delta.fbmp[settings.tapas_beta][settings.tapas_k], delta, strong)
