@@ -63,13 +63,14 @@ def test_adding_a_dictionary_size_reruns_only_the_new_cells_and_the_report(repro
     assert ran == expected
     after = {p: p.stat().st_mtime_ns for p in (repro / "store").rglob("*") if p.is_file()}
     touched = {p.relative_to(repro / "store").parts[:2] for p in after if before.get(p) != after[p]}
-    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("eval", "topk-64-4"), ("timings", "topk-64-4.json")}
+    assert touched == {("models", "topk-64-4"), ("models", "topk-64-4.codes"), ("models", "topk-64-4.timings.json"), ("eval", "topk-64-4"),
+                       ("timings", "topk-64-4.json")}
 
 
 def test_changing_evaluate_params_reevaluates_every_cell_without_retraining(repro):
     dvc(repro, "repro")  # up to date whatever the tests before changed
     cells = sorted(f"{'rotation' if run.startswith('cedar') else 'sae'}@{run}" for run in os.listdir(repro / "store" / "models")
-                   if not run.endswith((".tmp", ".final", ".old", ".codes")))
+                   if not run.endswith((".tmp", ".final", ".old", ".codes", ".timings.json")))
     params = yaml.safe_load((repro / "params.yaml").read_text())
     params["evaluate"]["ks"] = [1, 2, 3, 4, 8, 16]
     (repro / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
