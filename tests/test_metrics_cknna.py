@@ -32,6 +32,22 @@ def test_knn_mask_excludes_diagonal_and_breaks_ties_to_lower_index() -> None:
     assert (mask.sum(axis=1) == 2).all()
 
 
+def test_knn_mask_keeps_what_a_stable_sort_keeps_on_kernels_full_of_ties() -> None:
+    """The partition-based mask against the definition (a stable sort's first k off-diagonal entries per row) on small
+    integer kernels, where the k-th value is tied in most rows."""
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n = int(rng.integers(2, 30))
+        k = int(rng.integers(1, n))
+        x = rng.integers(0, 3, size=(n, 3)).astype(np.float64)
+        kernel = x @ x.T
+        scores = kernel.copy()
+        np.fill_diagonal(scores, -np.inf)
+        expected = np.zeros((n, n), dtype=bool)
+        np.put_along_axis(expected, np.argsort(-scores, axis=1, kind="stable")[:, :k], True, axis=1)
+        assert np.array_equal(_knn_mask(kernel, k), expected), (n, k)
+
+
 def test_cknna_hand_computed_full_and_disjoint_neighbourhoods() -> None:
     # k = n - 1 keeps every off-diagonal pair: CKNNA = (-1/3) / sqrt(2/3 * 2/3) = -1/2.
     assert cknna(A, B, k=3) == pytest.approx(-0.5, abs=1e-12)

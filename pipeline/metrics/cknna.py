@@ -66,12 +66,14 @@ def _gram(x: np.ndarray | sparse.csr_array) -> np.ndarray:
 
 def _knn_mask(kernel: np.ndarray, k: int) -> np.ndarray:
     """(n, n) bool: True at the k largest off-diagonal entries of each row (ties: lower index)."""
-    n = kernel.shape[0]
     scores = kernel.copy()
     np.fill_diagonal(scores, -np.inf)
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    mask = np.zeros((n, n), dtype=bool)
-    np.put_along_axis(mask, order, True, axis=1)
+    # the k-th largest value of each row by a partition (O(n) per row, not a sort), then every larger entry and, of
+    # the entries equal to it, the lowest-indexed ones that complete k: what a stable sort's first k would keep
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
+    mask = scores > kth
+    tied = scores == kth
+    mask |= tied & (np.cumsum(tied, axis=1) <= k - mask.sum(axis=1, keepdims=True))
     return mask
 
 
