@@ -12,11 +12,10 @@ import logging
 
 from pipeline.atomic import atomic_dir
 from pipeline.config import Params, load_params
-from pipeline.data.dataset import open_dataset, sample_rows
+from pipeline.data.dataset import open_dataset, open_embeddings, sample_rows
 from pipeline.explain.decoder import CaptionDecoder, save_decoder, train_decoder
 from pipeline.paths import Layout
 from pipeline.records import write_json
-from pipeline.store import open_store
 from stages.runner import exit_with, parser, run_main
 
 log = logging.getLogger(__name__)
@@ -24,9 +23,7 @@ log = logging.getLogger(__name__)
 
 def run(params: Params, layout: Layout) -> CaptionDecoder:
     data = open_dataset(layout.data)
-    store = open_store(layout.image_embeddings)
-    if len(store) != data.meta["n"]:
-        raise ValueError(f"{store.path}: {len(store)} rows, but the dataset has {data.meta['n']}; rerun extract")
+    store = open_embeddings(data, layout.image_embeddings)
     rows = sample_rows(data.rows("train"), params.captions.max_pairs, params.seed)
     if len(rows) == 0:
         raise ValueError(f"{layout.data}: the training split is empty; the caption decoder needs (embedding, caption) pairs")

@@ -208,6 +208,15 @@ def open_dataset(root: str | Path) -> Dataset:
     return Dataset(root, json.loads(meta_path.read_text()))
 
 
+def open_embeddings(data: Dataset, path: str | Path) -> Store:
+    """The image embeddings store at `path` (n, d), checked to hold one row per image of `data`: a different count
+    means extract ran on another dataset or did not finish."""
+    store = open_store(path)
+    if len(store) != data.n:
+        raise ValueError(f"{store.path}: {len(store)} rows, but the dataset has {data.n} images; rerun extract")
+    return store
+
+
 def write_dataset(root: Path, parts: list[tuple[Any, Any]], vocabulary: list[str], prompts: dict[str, list[str]],
                   phrases: Callable[[list[str]], list[list[str]]], provenance: dict[str, Any]) -> None:
     """Write (SceneSet, PairSet) parts (pipeline.data.world.scenes, or a real dataset's tables), one per kind,

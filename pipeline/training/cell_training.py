@@ -40,14 +40,13 @@ import torch
 
 from pipeline.atomic import replace_dir
 from pipeline.config import Params
-from pipeline.data.dataset import open_dataset, sample_rows
+from pipeline.data.dataset import open_dataset, open_embeddings, sample_rows
 from pipeline.grid import Cell
 from pipeline.models.checkpoint import CheckpointError, load_model, read_config, save_model
 from pipeline.models.registry import build, model_class
 from pipeline.paths import Layout
 from pipeline.provenance import code_digest, digest, rows_digest
 from pipeline.records import write_json
-from pipeline.store import open_store
 from pipeline.training.device import device_name, resolve_device
 from pipeline.training.feed import FeedPlan, load_rows, plan_feed, streaming_batches
 from pipeline.training.loop import TrainResult, array_batches, preload_optimizer
@@ -139,10 +138,8 @@ def train_cell(params: Params, layout: Layout, cell: Cell) -> Path:
     timings.part("open")
     settings = params.train_settings(cell.method)
     data = open_dataset(layout.data)
-    embeddings = open_store(layout.image_embeddings)
+    embeddings = open_embeddings(data, layout.image_embeddings)
     train_rows, val_rows = data.rows("train"), sample_rows(data.rows("val"), settings.val_samples, params.seed)
-    if len(embeddings) != len(data.split):
-        raise ValueError(f"{embeddings.path}: {len(embeddings)} rows but the dataset has {len(data.split)} images; rerun extract")
     timings.part("device")
     device = resolve_device(settings.device)
     if device.type == "cuda":
