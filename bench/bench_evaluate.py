@@ -16,8 +16,11 @@ cell (d axes, k), each trained --steps steps. For each cell, in this one process
   timings file it writes;
 - `encode` again, so that a change of machine load during the run shows.
 
-Output: one JSON line per cell: seconds of both encodings, of the stage and of each timed part, and `ratio` =
-evaluate / mean encode (the issue's goal: <= 5 on 2 CPU cores). Threads: whatever torch and BLAS get from the
+The linear probes are not a cell's work: the probes stage fits them once per dataset for every cell of a sweep
+(`stages.probes`). It runs once before the cells, and its seconds are printed on a line of their own.
+
+Output: one JSON line for the probes stage, then one per cell: seconds of both encodings, of the stage and of each
+timed part, and `ratio` = evaluate / mean encode (the issue's goal: <= 5 on 2 CPU cores). Threads: whatever torch and BLAS get from the
 environment (OMP_NUM_THREADS=2 for "2 cores").
 """
 
@@ -51,7 +54,7 @@ def sync(device: torch.device) -> None:
 
 def project(args: argparse.Namespace, workdir: Path) -> Path:
     """The synthetic project with the two cells; data, encoder, extract and captions done."""
-    from stages import captions, data, encoder, extract
+    from stages import captions, data, encoder, extract, probes
 
     root = workdir / "bench_evaluate"
     root.mkdir(parents=True, exist_ok=True)
@@ -67,11 +70,11 @@ def project(args: argparse.Namespace, workdir: Path) -> Path:
         "report": {"title": "bench_evaluate"},
     }
     text = yaml.safe_dump(params, sort_keys=False)
-    if args.reuse and (root / "params.yaml").exists() and (root / "params.yaml").read_text() == text and Layout(root).captions.exists():
+    if args.reuse and (root / "params.yaml").exists() and (root / "params.yaml").read_text() == text and Layout(root).probes.exists():
         return root  # the same project, already built
     (root / "params.yaml").write_text(text)
     p, layout = load_params(root / "params.yaml"), Layout(root)
-    for stage in (data, encoder, extract, captions):
+    for stage in (data, encoder, extract, captions, probes):
         stage.run(p, layout)
     return root
 
@@ -93,20 +96,25 @@ def bare_encode(models: list[Any], x: np.ndarray, batch_size: int, device: torch
 def measure(root: Path, device: torch.device) -> None:
     from pipeline.data.dataset import open_dataset
     from pipeline.models.checkpoint import load_model
-    from pipeline.scoring.cell_evaluation import CellInputs, concept_data, untrained_twin
+    from pipeline.scoring.cell_evaluation import concept_data, untrained_twin
     from pipeline.store import open_store
     from pipeline.training.cell_training import train_cell
-    from stages import evaluate
+    from stages import evaluate, probes
 
     p, layout = load_params(root / "params.yaml"), Layout(root)
+    sync(device)
+    start = time.perf_counter()
+    probes.run(p, layout)  # once per dataset, for every cell
+    sync(device)
+    print(json.dumps({"stage": "probes", "device": device_name(device), "threads": torch.get_num_threads(),
+                      "seconds": round(time.perf_counter() - start, 2)}), flush=True)
     for cell in reversed(p.cells()):  # the SAE first, then CEDAR
         train_cell(p, layout, cell)
         data, store = open_dataset(layout.data), open_store(layout.image_embeddings)
         model = load_model(layout.model(cell.name)).to(device).eval()
         twin = untrained_twin(cell, model.d, p.method_options(cell.method), store, data.rows("train"),
                               p.train_settings(cell.method).init_samples, p.seed).to(device).eval()
-        inputs = CellInputs(data=data, embeddings=store, pairs_before=None, pairs_after=None, decoder=None, concepts=None)  # type: ignore[arg-type]
-        match = np.unique(np.concatenate([concept_data(inputs, kind, p.evaluate, p.seed).match_rows for kind in data.kinds]))
+        match = np.unique(np.concatenate([concept_data(data, store, kind, p.evaluate, p.seed).match_rows for kind in data.kinds]))
         rows = np.concatenate([data.rows("test"), match])
         x = store.take(np.sort(rows)).astype(np.float32)
         bare_encode([model, twin], x[: p.evaluate.batch_size], p.evaluate.batch_size, device)  # warm-up

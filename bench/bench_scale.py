@@ -28,7 +28,7 @@ rows_per_s counts: optimiser rows for training, rows encoded by both models for 
 FBMP). A summary of the issue's goals goes to stderr: evaluate's peak RSS at the largest n within 1.2x of the
 smallest and under 3 GB; evaluation time linear in rows; FBMP under 5 s; streamed steps at least 0.9x in-memory;
 the train stage's peak RSS flat (within 1.2x) across the sizes it streamed. --stages runs a subset (the data,
-encoder, extract and captions stages always run).
+encoder, extract, captions and probes stages always run).
 Threads: whatever torch and BLAS get from the environment (OMP_NUM_THREADS=2 for "2 cores").
 """
 
@@ -86,7 +86,7 @@ def child(stage: str, root: Path) -> dict[str, Any]:
     cell = p.cells()[-1]
     settings = p.train_settings(cell.method)
     start = time.perf_counter()
-    if stage in ("data", "encoder", "extract", "captions"):
+    if stage in ("data", "encoder", "extract", "captions", "probes"):
         __import__(f"stages.{stage}", fromlist=["run"]).run(p, layout)
         return {"seconds": time.perf_counter() - start, "rows": p.data.n}
     if stage == "train":
@@ -206,7 +206,7 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> list[dict[str, 
     root.mkdir(parents=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params(n, args), sort_keys=False))
     records = []
-    for stage in ("data", "encoder", "extract", "captions"):
+    for stage in ("data", "encoder", "extract", "captions", "probes"):
         result = measure(stage, root)
         if stage == "data":
             records.append(line(n, "data", result["seconds"], result["rows"], result["peak_rss_mb"]))

@@ -36,13 +36,16 @@ def evaluate_twice(p: Any, layout: Layout, cell: Any) -> tuple[dict[str, Any], d
     from pipeline.explain.decoder import load_decoder
     from pipeline.models.checkpoint import load_model
     from pipeline.scoring.cell_evaluation import CellInputs, evaluate_cell, untrained_twin
+    from pipeline.scoring.concepts import metrics_device
+    from pipeline.scoring.probe_files import load_probes
     from pipeline.store import open_store
     from stages.evaluate import metrics_record, read_concepts
 
     model = load_model(layout.model(cell.name))
     inputs = CellInputs(data=open_dataset(layout.data), embeddings=open_store(layout.image_embeddings),
                         pairs_before=open_store(layout.pair_embeddings("before")), pairs_after=open_store(layout.pair_embeddings("after")),
-                        decoder=load_decoder(layout.captions), concepts=read_concepts(layout))
+                        decoder=load_decoder(layout.captions), concepts=read_concepts(layout),
+                        probes=load_probes(layout.probes, metrics_device(p.evaluate.device)))
     twin = untrained_twin(cell, model.d, p.method_options(cell.method), inputs.embeddings, inputs.data.rows("train"),
                           p.train_settings(cell.method).init_samples, p.seed)
     explain = dataclasses.replace(p.explain, max_rows=min(p.explain.max_rows, 50))  # explanations are not compared

@@ -89,7 +89,7 @@ def extraction(args: argparse.Namespace, device: torch.device) -> None:
 
 def project(args: argparse.Namespace, device: torch.device, workdir: Path) -> Path:
     """A synthetic project with one TopK SAE cell and one CEDAR cell on `device`, data/encoder/extract/captions done."""
-    from stages import captions, data, encoder, extract
+    from stages import captions, data, encoder, extract, probes
 
     root = workdir / "gpu_smoke"
     root.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ def project(args: argparse.Namespace, device: torch.device, workdir: Path) -> Pa
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     p, layout = load_params(root / "params.yaml"), Layout(root)
-    for stage in (data, encoder, extract, captions):
+    for stage in (data, encoder, extract, captions, probes):
         stage.run(p, layout)
     return root
 

@@ -82,6 +82,11 @@ class Layout:
     def captions_history(self) -> Path:
         return self.captions / "history.json"
 
+    # --- probes stage: the linear probes of every kind, fitted once per dataset (`pipeline.scoring.probe_files`) ---
+    @property
+    def probes(self) -> Path:
+        return self.store / "probes"
+
     # --- grid-cell stages: one folder per run ------------------------------------------------------
     @property
     def models(self) -> Path:

@@ -15,7 +15,7 @@ stage reruns) and training is skipped when the checkpoint there was trained from
 (`pipeline.training.cell_training.training_fingerprint`: method options, loop settings, seed, embeddings, split rows and
 the training code). So a change to `evaluate` or `explain` params reruns every cell's evaluation and
 no training; a change to `train` or `methods.<m>` retrains the affected cells.
-Reads params: seed, train, methods.<method>, evaluate, explain.
+Reads params: seed, train, methods.<method>, evaluate, explain; and the probes stage's store/probes/.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from stages.runner import cell_main, exit_with
 
 
 def run(params: Params, layout: Layout, cell: Cell) -> dict:
-    """Train (or reuse) the cell's model, then evaluate it; returns the metrics written to metrics.json."""
+    """Train (or reuse) the cell's model, then evaluate it; returns the metrics written to metrics.json. A missing
+    input of the evaluation stops it before training."""
+    evaluate.require_inputs(layout)
     train_cell(params, layout, cell)
     return evaluate.run(params, layout, cell)
 

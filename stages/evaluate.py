@@ -11,7 +11,8 @@ The records' JSON (key names and order, which the report and the tests read) is 
 frozen results (`metrics_record`, `curve_record`, `explain_record`).
 Memory is bounded by the batch and subset sizes of `evaluate` and `explain`, not by the number of embeddings
 (docs/architecture.md, "Memory at scale").
-Reads params: seed, train (the twin's init sample), methods.<method>, evaluate, explain.
+Reads params: seed, train (the twin's init sample), methods.<method>, evaluate, explain; and the probes stage's
+store/probes/ (the linear probes, fitted once per dataset).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from pipeline.models.checkpoint import load_model
 from pipeline.paths import Layout
 from pipeline.records import write_json
 from pipeline.scoring.cell_evaluation import CellEvaluation, CellInputs, evaluate_cell, untrained_twin
-from pipeline.scoring.concepts import KindMetrics, MatchingScores, TapasScores, VariantMetrics
+from pipeline.scoring.concepts import KindMetrics, MatchingScores, TapasScores, VariantMetrics, metrics_device
+from pipeline.scoring.probe_files import load_probes
 from pipeline.store import open_store
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,14 @@ def explain_record(result: CellEvaluation) -> dict[str, Any]:
     return {"run": result.cell.name, "method": result.cell.method, **result.explanations}
 
 
+def require_inputs(layout: Layout) -> None:
+    """Stop, naming the stage that writes it, when an output of an earlier dataset-level stage the evaluation reads is
+    missing (checked by the cell stage before it trains)."""
+    for path, stage in ((layout.image_embeddings, "extract"), (layout.captions, "captions"), (layout.probes, "probes")):
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: missing; the {stage} stage writes it (dvc repro {stage}, or python -m stages.{stage})")
+
+
 def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
     """Evaluate the cell and write its records; returns metrics.json's content."""
     model = load_model(layout.model(cell.name))
@@ -116,6 +126,7 @@ def run(params: Params, layout: Layout, cell: Cell) -> dict[str, Any]:
         pairs_after=open_store(layout.pair_embeddings("after")),
         decoder=load_decoder(layout.captions),
         concepts=read_concepts(layout),
+        probes=load_probes(layout.probes, metrics_device(params.evaluate.device)),
     )
     history = json.loads(layout.model_history(cell.name).read_text())
     twin = untrained_twin(cell, model.d, params.method_options(cell.method), inputs.embeddings, inputs.data.rows("train"),

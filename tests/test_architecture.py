@@ -234,7 +234,7 @@ def test_dvc_yaml_paths_are_the_layouts():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     run = params.cells()[0].name
     known = {str(p) for p in (layout.data, layout.encoder, layout.encoder_metrics, layout.embeddings, layout.image_embeddings,
-                              layout.captions, layout.metrics, layout.evals, layout.planted_metrics, layout.report)}
+                              layout.captions, layout.probes, layout.metrics, layout.evals, layout.planted_metrics, layout.report)}
     cell = {str(layout.model(run)), str(layout.run_metrics(run)), str(layout.run_explanations(run)), str(layout.run_curve(run)),
             str(layout.run_timings(run))}
     used = set()

@@ -107,13 +107,13 @@ def budget_mb(params) -> float:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     from pipeline.training.cell_training import train_cell
-    from stages import captions, data, encoder, extract
+    from stages import captions, data, encoder, extract, probes
 
     root = tmp_path_factory.mktemp("memory")
     (root / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     params = validate_params(PARAMS)
     layout = Layout(root)
-    for stage in (data, encoder, extract, captions):
+    for stage in (data, encoder, extract, captions, probes):
         stage.run(params, layout)
     train_cell(params, layout, params.cells()[-1])
     return root

@@ -61,7 +61,7 @@ def test_full_presets_validate_and_dry_run_their_whole_dag(tmp_path, monkeypatch
         folder = repo / "data" / "imagenet" / "train" / f"n{i % 4}"
         folder.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (8, 8), (i, 0, 0)).save(folder / f"{i}.png")
-    for folder in ("store/data", "store/encoder", "store/embeddings/images.zarr", "store/captions", "store/metrics", "store/eval"):
+    for folder in ("store/data", "store/encoder", "store/embeddings/images.zarr", "store/captions", "store/probes", "store/metrics", "store/eval"):
         (repo / folder).mkdir(parents=True, exist_ok=True)
     for name in REAL:
         (repo / "params.yaml").write_text(preset_text(name))
@@ -74,7 +74,7 @@ def test_full_presets_validate_and_dry_run_their_whole_dag(tmp_path, monkeypatch
         assert dry.returncode == 0, dry.stderr[-2000:]
         ran = {line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage")}
         expected = {f"{'rotation' if c.rotation else 'sae'}@{c.name}" for c in cells}
-        assert expected <= ran and {"data", "encoder", "extract", "captions", "planted", "report"} <= ran
+        assert expected <= ran and {"data", "encoder", "extract", "captions", "probes", "planted", "report"} <= ran
 
 
 def smoke_env() -> dict[str, str]:
@@ -107,7 +107,7 @@ def test_clip_imagenet_smoke_runs_end_to_end_under_dvc(tmp_path):
 def test_syncoco_smoke_runs_end_to_end_and_syncub_smoke_loads(tmp_path, monkeypatch):
     import torch
 
-    from stages import captions, cell, data, encoder, extract
+    from stages import captions, cell, data, encoder, extract, probes
 
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(2)
@@ -120,7 +120,7 @@ def test_syncoco_smoke_runs_end_to_end_and_syncub_smoke_loads(tmp_path, monkeypa
             opened = __import__("pipeline.data.dataset", fromlist=["open_dataset"]).open_dataset(layout.data)
             assert opened.kinds == [name] and len(opened.pairs) == 32 and opened.n == 32
             assert sorted(int((opened.split == s).sum()) for s in range(3)) == [4, 12, 16], "the base images are split"
-        for stage in (encoder, extract, captions):  # syncoco-smoke, the last one written
+        for stage in (encoder, extract, captions, probes):  # syncoco-smoke, the last one written
             stage.run(params, layout)
         for c in params.cells():
             result = cell.run(params, layout, c)

@@ -214,5 +214,5 @@ def test_a_partition_that_goes_away_after_the_check_stops_the_running_flow_with_
     assert run.returncode == 1
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {clusters}: gone: the batch system refused a job: sbatch: error: invalid partition specified: gone"), run.stderr[-3000:]
-    assert "0 of 8 stages finished" in last and not (repo / "dvc.lock").exists()
+    assert "0 of 9 stages finished" in last and not (repo / "dvc.lock").exists()
     print(f"refused and stopped in {seconds:.0f} s, Prefect's temporary server included")

@@ -114,7 +114,7 @@ def test_settings_are_checked(tmp_path):
 @pytest.mark.slow
 def test_synthetic_source_round_trips_through_the_stages(tmp_path):
     """data -> encoder (none) -> extract (links) -> captions -> both grid cells -> planted -> report, in-process."""
-    from stages import captions, cell, data, encoder, extract, planted, report
+    from stages import captions, cell, data, encoder, extract, planted, probes, report
 
     (tmp_path / "params.yaml").write_text(preset_text("synthetic-tiny"))
     params = validate_params(yaml.safe_load(preset_text("synthetic-tiny")))
@@ -127,6 +127,7 @@ def test_synthetic_source_round_trips_through_the_stages(tmp_path):
     assert os.stat(linked).st_ino == os.stat(layout.data_embeddings / "images.zarr" / "zarr.json").st_ino, "linked, not copied"
     assert len(open_store(layout.image_embeddings)) == 600
     captions.run(params, layout)
+    probes.run(params, layout)
     for c in params.cells():
         result = cell.run(params, layout, c)
         assert result["device"] == "cpu" and result["n_test"] == 120
@@ -157,7 +158,7 @@ def test_dvc_repro_runs_the_synthetic_preset_end_to_end(tmp_path):
     git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "synthetic preset")
     out = dvc(repo, "repro")
     ran = sorted(line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage"))
-    assert ran == ["captions", "data", "encoder", "extract", "planted", "report", "rotation@cedar-4", "sae@topk-32-4"]
+    assert ran == ["captions", "data", "encoder", "extract", "planted", "probes", "report", "rotation@cedar-4", "sae@topk-32-4"]
     assert json.loads(dvc(repo, "status", "--json")) == {}
     metrics = json.loads((repo / "store" / "eval" / "topk-32-4" / "metrics.json").read_text())
     assert metrics["concepts"]["synthetic"]["trained"]["match_score"] > 0 and metrics["device"] == "cpu"

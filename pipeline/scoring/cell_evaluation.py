@@ -6,7 +6,9 @@ seed (initial weights, data-dependent init only, same sparsifier); for rotation 
 every `evaluate.ks` from the one trained rotation.
 Concepts, per kind of scene (`pipeline.scoring.concepts`): MATCHScores (FBMP for each beta and k, one-to-one),
 Delta-MATCHScore, TAPAScore and Delta-stay on the intervention pairs, CKNNA, FMS and linear-probe loss, for
-trained, untrained and random codes.
+trained, untrained and random codes. The linear probes those scores use are fitted once per dataset on dense
+embeddings (the probes stage, `fit_kind_probes`; they depend on no model) and come in with the inputs, which checks
+that they were fitted on the rows and settings this evaluation reads.
 Explanations (`pipeline.explain.explanations`): latent names, relevance of named concepts, captions from the dense
 embedding / the sparse reconstruction / top-k in the original basis, example images and the latents that switch
 across intervention pairs.
@@ -46,16 +48,16 @@ from pipeline.explain.explanations import Concepts, KindData, explain_rows, expl
 from pipeline.explain.options import ExplainSettings
 from pipeline.grid import Cell
 from pipeline.metrics.probe import SOLVER as PROBE_SOLVER
-from pipeline.metrics.probe import Probes
 from pipeline.metrics.reconstruction import ReconstructionStats
 from pipeline.models.base import SparseModel
 from pipeline.models.registry import build
 from pipeline.provenance import rows_digest
-from pipeline.records import Undefined
+from pipeline.records import Undefined, jsonable
 from pipeline.scoring.codes import CodeSet, CodesWriter, open_codes
 from pipeline.scoring.concepts import ConceptData, KindMetrics, ProbeScores, ProbeStream, VariantCodes, concept_metrics, fit_family_probes, metrics_device
 from pipeline.scoring.encoding_pass import CurvePoint, encode_rows, fvu_curve
 from pipeline.scoring.options import EvaluateSettings
+from pipeline.scoring.probe_files import FittedProbes
 from pipeline.scoring.timings import Timings
 from pipeline.store import Store, StoreError
 from pipeline.training.device import device_name, resolve_device
@@ -69,7 +71,8 @@ CODE_SETS = ("test", "match", "pairs_before", "pairs_after")
 @dataclass
 class CellInputs:
     """What evaluating a cell reads: the dataset, its image embeddings (n, d), the pair embeddings (before, after)
-    (p, d), the caption decoder and the concept vocabulary (None when the encoder has no text tower)."""
+    (p, d), the caption decoder, the concept vocabulary (None when the encoder has no text tower) and the linear
+    probes of every kind (the probes stage's, `fit_kind_probes`)."""
 
     data: Dataset
     embeddings: Store
@@ -77,6 +80,7 @@ class CellInputs:
     pairs_after: Store
     decoder: CaptionDecoder
     concepts: Concepts | None
+    probes: FittedProbes
 
 
 @dataclass(frozen=True)
@@ -124,11 +128,11 @@ def untrained_twin(cell: Cell, d: int, options: dict[str, Any], embeddings: Stor
     return model.eval()
 
 
-def concept_data(inputs: CellInputs, kind: str, settings: EvaluateSettings, seed: int) -> ConceptData:
-    """One kind's row ids and readers: matching rows (training split, subsampled to `max_match_rows`), every test row,
-    the FMS/CKNNA pool (`max_test_rows`) and the pairs, with labels restricted to the kind's columns (attribute
-    indices local to them)."""
-    data, store, pairs = inputs.data, inputs.embeddings, inputs.data.pairs
+def concept_data(data: Dataset, store: Store, kind: str, settings: EvaluateSettings, seed: int) -> ConceptData:
+    """One kind's row ids and readers (embeddings from `store`): matching rows (training split, subsampled to
+    `max_match_rows`), every test row, the FMS/CKNNA pool (`max_test_rows`) and the pairs, with labels restricted to
+    the kind's columns (attribute indices local to them)."""
+    pairs = data.pairs
     test_rows = data.rows("test", kind)
     columns = np.asarray(data.columns(kind))
     first = int(columns[0])
@@ -145,6 +149,21 @@ def concept_data(inputs: CellInputs, kind: str, settings: EvaluateSettings, seed
         pair_ids=which, pairs_present=pairs.before_attributes[which][:, columns], pairs_added=local(pairs.added[which]),
         pairs_removed=local(pairs.removed[which]), pairs_family=np.asarray(pairs.family, dtype=str)[which],
     )
+
+
+def probe_fingerprint(kinds: Mapping[str, ConceptData], store: Store, settings: EvaluateSettings, seed: int) -> dict[str, Any]:
+    """What the probes of each kind are fitted on (JSON-ready): its matching rows, families, the seed and row cap of the
+    fit's subsample, the solver and the source store."""
+    return jsonable({kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed, "max_n": settings.probe_max_n,
+                            "solver": PROBE_SOLVER, "store": store.attrs.get("fingerprint")} for kind, d in kinds.items()})
+
+
+def fit_kind_probes(data: Dataset, store: Store, settings: EvaluateSettings, seed: int) -> FittedProbes:
+    """The linear probes of every kind (`fit_family_probes` on its matching rows' dense embeddings, on the metrics
+    device of `settings.device`): model-independent, fitted once per dataset by the probes stage."""
+    kinds = {kind: concept_data(data, store, kind, settings, seed) for kind in data.kinds}
+    probes = {kind: fit_family_probes(d, seed, settings.probe_max_n, metrics_device(settings.device)) for kind, d in kinds.items()}
+    return FittedProbes(probes=probes, fingerprint=probe_fingerprint(kinds, store, settings, seed))
 
 
 def pass_stats(reconstruction: ReconstructionStats | None, probes: Mapping[str, ProbeScores | None] | None) -> dict[str, Any]:
@@ -205,10 +224,10 @@ def encoded(model: SparseModel, store: Store, rows: np.ndarray, batch_size: int,
     return writer.finalize(pass_stats(reconstruction, None if probes is None else {kind: s.result() for kind, s in probes.items()}))
 
 
-def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[str, ConceptData], probes: dict[str, Probes | None],
-                 settings: EvaluateSettings, seed: int, codes_dir: Path, timings: Timings | None = None) -> EncodedModel:
+def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[str, ConceptData], settings: EvaluateSettings,
+                 codes_dir: Path, timings: Timings | None = None) -> EncodedModel:
     """Step 1 for one model: every code set (`CODE_SETS`, each reused while its fingerprint holds); the test pass
-    also scores the probes of every kind (their seconds in `timings`' "probes")."""
+    also scores the probes of every kind (`inputs.probes`; their seconds in `timings`' "probes")."""
     base = {"model": weights_digest(model), "method": model.method, "k": model.k}
     match_rows = np.unique(np.concatenate([d.match_rows for d in kinds.values()]))
     pair_ids = np.arange(len(inputs.data.pairs))
@@ -216,11 +235,10 @@ def encode_model(name: str, model: SparseModel, inputs: CellInputs, kinds: dict[
     def source(store: Store, rows: np.ndarray) -> dict[str, Any]:
         return {**base, "store": store.attrs.get("fingerprint"), "rows": rows_digest(rows)}
 
-    probe_key = {kind: {"rows": rows_digest(d.match_rows), "families": d.families, "seed": seed, "solver": PROBE_SOLVER} for kind, d in kinds.items()}
-    streams = {kind: ProbeStream(probes[kind], d, timings) for kind, d in kinds.items()}
+    streams = {kind: ProbeStream(inputs.probes.probes[kind], d, timings) for kind, d in kinds.items()}
     test_rows = inputs.data.rows("test")
     bs, folder = settings.batch_size, codes_dir / name
-    test = encoded(model, inputs.embeddings, test_rows, bs, folder / "test", {**source(inputs.embeddings, test_rows), "probes": probe_key}, streams)
+    test = encoded(model, inputs.embeddings, test_rows, bs, folder / "test", {**source(inputs.embeddings, test_rows), "probes": inputs.probes.fingerprint}, streams)
     reconstruction, probe_scores = pass_result(test, kinds)
     return EncodedModel(
         test=test,
@@ -266,13 +284,14 @@ def evaluate_cell(cell: Cell, model: SparseModel, twin: SparseModel, inputs: Cel
     device = resolve_device(evaluate.device)
     model, twin = model.to(device).eval(), twin.to(device).eval()
     test_rows = inputs.data.rows("test")
-    kinds = {kind: concept_data(inputs, kind, evaluate, seed) for kind in inputs.data.kinds}
-    with timings.part("probes"):
-        probes = {kind: fit_family_probes(d, seed, evaluate.probe_max_n, metrics_device(evaluate.device)) for kind, d in kinds.items()}
+    kinds = {kind: concept_data(inputs.data, inputs.embeddings, kind, evaluate, seed) for kind in inputs.data.kinds}
+    if dict(inputs.probes.fingerprint) != probe_fingerprint(kinds, inputs.embeddings, evaluate, seed):
+        raise ValueError("the linear probes (store/probes) were fitted on other rows, settings or embeddings than this evaluation reads "
+                         "(evaluate.max_match_rows, evaluate.probe_max_n, seed, the dataset); rerun the probes stage (dvc repro probes)")
     start = time.perf_counter()
     with timings.part("encode"):
-        trained = encode_model("trained", model, inputs, kinds, probes, evaluate, seed, codes_dir, timings)
-        untrained = encode_model("untrained", twin, inputs, kinds, probes, evaluate, seed, codes_dir, timings)
+        trained = encode_model("trained", model, inputs, kinds, evaluate, codes_dir, timings)
+        untrained = encode_model("untrained", twin, inputs, kinds, evaluate, codes_dir, timings)
     log.info("%s: codes of %d test, %d matching rows and %d pairs in %.1f s", cell.name, len(test_rows), len(trained.match),
              len(inputs.data.pairs), time.perf_counter() - start)
     if cell.rotation:
