@@ -16,7 +16,17 @@ from pydantic import ValidationError
 from pipeline.models.checkpoint import load_model, save_model
 from pipeline.models.penalty import JumpReLUFunction, JumpReLUSAE, ReLUSAE, StepFunction, l0_control_step, rectangle
 from pipeline.models.registry import build, model_class
-from pipeline.models.sae import SAE, batch_topk_codes, geometric_median, replacements, residual_directions, topk_codes, unshared_fraction
+from pipeline.models.sae import (
+    SAE,
+    batch_topk_codes,
+    geometric_median,
+    replacements,
+    residual_directions,
+    sparse_directions,
+    topk_codes,
+    unshared_fraction,
+    untangled,
+)
 from pipeline.models.topk import BatchTopKSAE, MatryoshkaSAE, PrefixMatryoshkaSAE, TopKSAE
 from pipeline.training.sparse import fit_sae as fit
 
@@ -624,6 +634,26 @@ def test_residual_directions_by_hand() -> None:
     assert torch.allclose(flipped, torch.tensor([[-1.0, 0.0], [0.0, 1.0]])) and torch.allclose(gains, torch.tensor([13.0, 1.0]))
 
 
+def test_sparse_directions_untangle_mixtures_of_missing_directions() -> None:
+    """Residual rows each along one of three orthonormal directions (a row misses one direction); the starting
+    directions are mixtures of all three (cosines 0.58, 0.71, 0.82 to their nearest), as the eigenvectors of a
+    degenerate second moment are. The refinement returns each direction exactly once, orthonormal; 0 rounds return
+    the input; a direction that is already one of them stays."""
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(6, 6, generator=generator))[0][:3]
+    rows = basis[torch.arange(300) % 3] * (torch.rand(300, 1, generator=generator) + 0.5)
+    mix = torch.tensor([[1.0, 1.0, 1.0], [1.0, -1.0, 0.0], [1.0, 1.0, -2.0]])
+    start = (mix / mix.norm(dim=1, keepdim=True)) @ basis
+    refined = sparse_directions(start, rows, 20)
+    cosines = refined @ basis.T
+    assert sorted(cosines.argmax(1).tolist()) == [0, 1, 2], "each planted direction found once"
+    assert torch.allclose(cosines.amax(1), torch.ones(3), atol=1e-5)
+    assert torch.allclose(refined @ refined.T, torch.eye(3), atol=1e-5)
+    assert torch.equal(sparse_directions(start, rows, 0), start)
+    assert torch.allclose(sparse_directions(basis[1:2], rows, 20), basis[1:2], atol=1e-6)
+    assert torch.allclose(sparse_directions(basis[1:2], -rows, 20), basis[1:2]), "no row on its positive side: kept"
+
+
 def test_replacements_by_hand() -> None:
     """Directions by gain (5, 3, 1) meet latents by usage (0, 2, 4, 10): 5 > 0 and 3 > 2 move latents 0 and 2;
     1 < 4 stops the pairing. A margin of 2 stops it after the first pair (3 < 2 * 2)."""
@@ -734,6 +764,47 @@ def test_resampling_finds_every_planted_direction_that_training_alone_misses() -
         found[resample_every] = (counts, ratios)
     assert found[0.05][0] == [16, 16, 16] and max(found[0.05][1]) < 2, found
     assert min(found[0.0][0]) < 16, found
+
+
+def test_untangled_by_hand() -> None:
+    """Direction e2 (moved onto by latent 0). Atom 1 = (0.6, 0, 0.8) shares it at cosine 0.8: it becomes e0; atom 2 =
+    (0.98, 0, 0.2) is at cosine 0.2, not above the threshold: unchanged; atom 3 = -e2 is at an obtuse angle:
+    unchanged; latent 0 itself keeps e2. Threshold 1 changes nothing."""
+    atoms = torch.tensor([[0.0, 0.0, 1.0], [0.6, 0.0, 0.8], [0.98, 0.0, 0.2], [0.0, 0.0, -1.0]])
+    atoms[2] /= atoms[2].norm()
+    direction, moved = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([0])
+    result = untangled(atoms, direction, moved, 0.2)
+    assert torch.allclose(result[1], torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.equal(result[[0, 2, 3]], atoms[[0, 2, 3]])
+    assert torch.equal(untangled(atoms, direction, moved, 1.0), atoms)
+
+
+def test_refined_resampling_finds_every_planted_direction_for_batchtopk() -> None:
+    """Planted data (d = 16, 32 signed directions, dictionary 32, k = 2, noise 0.01, seeds 0-2), BatchTopK: resampling
+    onto the residual's principal directions as they are (`resample_refine=0`, `resample_untangle=1`) leaves
+    directions without an atom (measured: 29, 29, 26 of 32; FVU 29x, 23x, 52x the oracle's); with the defaults (refined
+    towards the sparse directions they mix, the atoms that covered part of them untangled) every direction gets its
+    own (32 of 32 each; 1.7x, 1.8x, 2.0x)."""
+    from dataclasses import replace as replaced
+
+    from pipeline.data.planted import planted
+    from pipeline.metrics.reconstruction import fvu as fvu_of
+    from pipeline.scoring.planted import oracle_fvu
+
+    found = {}
+    for refine in (0, 20):
+        counts, ratios = [], []
+        plain = {"resample_refine": 0, "resample_untangle": 1.0} if refine == 0 else {}
+        for seed in range(3):
+            data = planted(3000, 16, 2, noise=0.01, seed=seed)
+            train, held = data.x[:2400], data.x[2400:]
+            model = fit(train, "batchtopk", 32, 2, seed=seed, device="cpu", min_steps=600, **plain)
+            cos = model.W_dec.detach().double().numpy() @ np.concatenate([data.q, -data.q]).T
+            counts.append(len(set(cos.argmax(1)[cos.max(1) > 0.99])))
+            ratios.append(fvu_of(held, np.asarray(model.decode(model.encode(held)))) / oracle_fvu(replaced(data, x=held, s=data.s[2400:]), 2))
+        found[refine] = (counts, ratios)
+    assert found[20][0] == [32, 32, 32] and max(found[20][1]) < 3, found
+    assert min(found[0][0]) < 32 and max(found[0][1]) > 10, found
 
 
 def test_deviations_name_real_options_and_published_values_are_valid_and_differ_from_the_defaults() -> None:

@@ -39,6 +39,8 @@ class SAEOptions:
     resample_every: Fraction = 0.05
     resample_until: Fraction = 0.5
     resample_margin: PositiveFloat = 1.0
+    resample_refine: NonNegativeInt = 20
+    resample_untangle: Fraction = 1.0  # off; on where measured to help (BatchTopK, JumpReLU: see `SAE`)
 
 
 @settings
@@ -54,6 +56,7 @@ class BatchTopKOptions(TopKOptions):
     """Options of `BatchTopKSAE` (`pipeline.models.topk`); its docstring documents them."""
 
     threshold_decay: OpenFraction = 0.9
+    resample_untangle: Fraction = 0.2
 
 
 @settings
@@ -92,6 +95,7 @@ class JumpReLUOptions(SAEOptions):
     target_l0: Bool = True
     l0_control_rate: PositiveFloat = 0.02
     bandwidth: PositiveFloat = 1e-3
+    resample_untangle: Fraction = 0.2
 
 
 @settings
@@ -138,7 +142,7 @@ OPTIONS: dict[str, type] = {
     "matryoshka_prefix": PrefixMatryoshkaOptions,
 }
 
-_RESAMPLE = "SAE: idle latents moved onto the residual's principal directions in the first half of training"
+_RESAMPLE = "SAE: idle latents moved onto sparse directions of the residual in the first half of training"
 
 #: options that change a published method, per method: option -> what it does, in the words the report's
 #: conventions line uses (shown "on" when the option's value is truthy, "off" otherwise). An option departs from the
