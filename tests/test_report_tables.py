@@ -155,7 +155,7 @@ def test_conventions_name_every_deviation_from_the_published_defaults() -> None:
         resample: ("on (0.05)", "off", True),  # ... and resampling, for every SAE
         f"topk: {DEVIATIONS['topk']['resample_every']}": ("on (0.05)", "off", True),
     }
-    published_recipe = conventions(EvaluateSettings(), {"relu": {"rescale": False, **PUBLISHED["relu"]}, "matryoshka_prefix": {}})[5:]
-    assert not any(c["deviation"] for c in published_recipe), "the published values (and a default that is one) deviate from nothing"
+    published_recipe = conventions(EvaluateSettings(), {"relu": {"rescale": False, **PUBLISHED["relu"]}, "matryoshka_prefix": PUBLISHED["matryoshka_prefix"]})[5:]
+    assert not any(c["deviation"] for c in published_recipe), "the published values deviate from nothing"
     rescaled = next(c for c in conventions(EvaluateSettings(), {"relu": {"rescale": True}})[5:] if c["convention"] == rescale)
     assert (rescaled["value"], rescaled["published"], rescaled["deviation"]) == ("on", "off", True)

@@ -73,7 +73,6 @@ class PrefixMatryoshkaOptions(BatchTopKOptions):
 
     prefix_fractions: tuple[PrefixFraction, ...] = (0.125, 0.25, 0.5, 1.0)
     prefix_weights: tuple[NonNegativeFloat, ...] = ()
-    resample_every: Fraction = 0.0  # off, as published: resampling hurts the prefix nesting (see the class)
 
 
 @settings
@@ -154,8 +153,6 @@ DEVIATIONS: dict[str, dict[str, str]] = {
              "resample_every": _RESAMPLE},
     **{method: {"resample_every": _RESAMPLE} for method in ("topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix")},
 }
-# matryoshka_prefix keeps the published default (no resampling), so it has no PUBLISHED entry: turning it on is a
-# deviation the report names like any other
 
 #: the published values of the options whose default departs from the published recipe (listed in `DEVIATIONS`): no
 #: SAE paper's final recipe resamples latents, and a fixed-coefficient ReLU SAE has no L0 target to aim above. The
@@ -163,7 +160,7 @@ DEVIATIONS: dict[str, dict[str, str]] = {
 #: `pipeline.models.penalty.ReLUSAE`, docs/science.md section 2).
 PUBLISHED: dict[str, dict[str, object]] = {
     "relu": {"resample_every": 0.0, "l0_slack": 0.0},
-    **{method: {"resample_every": 0.0} for method in ("topk", "batchtopk", "jumprelu", "matryoshka")},
+    **{method: {"resample_every": 0.0} for method in ("topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix")},
 }
 
 #: methods whose latent count is the embedding dimension (a rotation of the space)
