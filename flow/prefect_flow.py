@@ -72,7 +72,12 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
     start = time.perf_counter()
     future = client.submit(run_commands, stage.name, list(stage.commands), stage.wdir, str(project.root),
                            resources=resources or None, key=f"{stage.name}-{uuid.uuid4().hex[:8]}", pure=False)
-    logger.info("%s", result(future, submissions))
+    outcome = result(future, submissions)
+    # Let go of the finished task before recording it: while this client holds the future, Dask keeps its result on
+    # the worker that ran it, and recomputes it (running the stage's command a second time, after it was recorded)
+    # when the adaptive cluster retires that worker (seen on SLURM: dvc status then named the rewritten timings).
+    future.release()
+    logger.info("%s", outcome)
     project.record(stage.name)
     print(f"Stage '{stage.name}' finished in {time.perf_counter() - start:.1f} s and is recorded in dvc.lock", flush=True)
     return "ran"
