@@ -146,7 +146,8 @@ def sparse_directions(directions: Tensor, residual: Tensor, iters: int) -> Tenso
     not collapse onto one direction; `iters` rounds (0: the directions as given). This is FastICA's fixed point with
     a kurtosis contrast, one-sided for a non-negative code. A direction with no row on its positive side keeps its
     previous value. Returns (r, d) unit rows, each at an acute angle to its input where the residual supports it."""
-    start = directions
+    if iters == 0:
+        return directions
     work, rows = directions.double(), residual.double()
     # a row contributes at most |e|^4: below a millionth of the largest, a direction has no row on its positive side
     floor = 1e-6 * float(rows.norm(dim=1).max()) ** 4 if len(rows) else math.inf
@@ -157,7 +158,7 @@ def sparse_directions(directions: Tensor, residual: Tensor, iters: int) -> Tenso
         moved = torch.where(norms > floor, moved / norms.max().clamp_min(1e-300), work)
         left, _, right = torch.linalg.svd(moved, full_matrices=False)
         work = left @ right
-    return work.to(start.dtype) if iters else start
+    return work.to(directions.dtype)
 
 
 def untangled(atoms: Tensor, directions: Tensor, moved: Tensor, threshold: float) -> Tensor:
