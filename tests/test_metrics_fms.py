@@ -175,6 +175,26 @@ def test_trees_equal_the_tie_rule_reference_on_codes_full_of_ties(seed: int) -> 
     np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_pruned_search_stays_exact_with_values_near_zero_and_negative(seed: int) -> None:
+    """The dense nodes' search skips groups that cannot beat a split the node is known to have (the zero split of
+    its most enriched groups) and starts from the removal chain's root splits. Positive values within scikit-learn's
+    1e-7 of zero (whose zero split does not exist) and negative values (always searched) must not change the tree:
+    it equals the plain greedy reference."""
+    rng = np.random.default_rng(40 + seed)
+    codes, y = _random_case(rng, int(rng.integers(60, 140)), int(rng.integers(6, 30)), int(rng.integers(2, 5)), grid=True)
+    nonzero = np.flatnonzero(codes)
+    codes.flat[rng.choice(nonzero, nonzero.size // 4, replace=False)] = 5e-8  # one value with 0 for scikit-learn
+    if seed % 2:
+        codes.flat[rng.choice(nonzero, nonzero.size // 5, replace=False)] *= -1.0
+    levels, root = tree_levels(codes, y)
+    ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
+    assert ours.depth[0] == levels.size and ours.root_feature[0] == root
+    assert ours.root_accuracy[0] == levels[0]
+    assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
+    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
+
+
 def test_the_bound_that_prunes_the_split_search_holds() -> None:
     """The search skips a (node, latent) whose rows with a positive value, (a, b) per class, cannot beat a known
     split: it relies on g(a, b) <= max(g(a, 0), g(0, b)) and on g(r, 0), g(0, r) growing with r, where g is the
