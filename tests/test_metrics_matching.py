@@ -173,6 +173,24 @@ def test_coalition_f1_scores_given_coalitions_on_new_rows():
 
 
 
+def test_member_counts_count_several_rules_in_one_product():
+    """Two rules on the hand-computed case above: the counts of each equal its own `coalition_counts` and the hand
+    counts; a latent listed twice in a coalition and an empty coalition count as a set would."""
+    from pipeline.metrics.matching import coalition_counts, coalition_members, member_counts
+
+    active = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]], dtype=bool)
+    labels = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool)
+    rules = [[np.array([0, 1]), np.array([2])], [np.array([1, 1]), np.array([], dtype=np.int64)]]
+    counts = member_counts(sparse.csr_array(active), labels, coalition_members(rules, 3, 2))
+    # rule 0: attribute 0 fires on rows 0, 1, 3 (TP 2), attribute 1 on row 2 (TP 1); rule 1: attribute 0 on rows 1, 3
+    # (TP 1), attribute 1 never
+    np.testing.assert_array_equal(counts, [[[2, 1], [3, 1], [2, 2]], [[1, 0], [2, 0], [2, 2]]])
+    for rule, got in zip(rules, counts):
+        np.testing.assert_array_equal(got, coalition_counts(active, labels, rule))
+    with pytest.raises(ValueError, match="members: expected coalition_members"):
+        member_counts(active, labels, coalition_members(rules, 4, 2))
+
+
 def test_coalition_indices_are_checked_not_wrapped_or_truncated():
     from pipeline.metrics.matching import coalition_f1
 

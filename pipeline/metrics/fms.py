@@ -344,24 +344,28 @@ def _fixed(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sa
 
 
 def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, signed: torch.Tensor | None,
-            unclear: torch.Tensor | None) -> torch.Tensor:
+            unclear: torch.Tensor | None, widest: int) -> torch.Tensor:
     """bool (B, L): the (node, latent) groups of dense nodes that may hold the node's best split (module docstring):
     a group whose positive-valued rows count (mp, mn) has max(g(mp, 0), g(0, mn)) below a split the node is known
     to have (the best zero split, "rows <= 0" left, of its `_KNOWN_GROUPS` groups most enriched in each class: it
     exists when both sides hold rows and no positive value is within 1e-7 of 0) holds no better split, since every split of the group sends a subset
     of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0) increasing in a. signed, unclear: bool (B, L)
-    or None: groups always searched, and groups whose zero split may not exist."""
+    or None: groups always searched, and groups whose zero split may not exist. widest: rows of the largest node."""
     pos64, neg64 = pos.to(torch.float64), neg.to(torch.float64)
-    size = dense_pos + dense_neg
-    exists = (size > 0) & (size < (pos + neg)[:, None])  # both sides of the zero split hold rows
+    # the zero splits of the groups most enriched in either class (a subset: any split found is a valid bound). The
+    # enrichment mp N - mn P (exact: int32 while it fits) is 0 for a group with no row or every row on its positive
+    # side, whose zero split does not exist
+    exact = torch.int32 if widest * widest < 2**31 else torch.int64
+    enrichment = dense_pos.to(exact) * neg.to(exact)[:, None] - dense_neg.to(exact) * pos.to(exact)[:, None]
     if unclear is not None:
-        exists &= ~unclear
-    # the zero splits of the groups most enriched in either class (a subset: any split found is a valid bound)
-    enrichment = dense_pos.to(torch.float32) * neg.to(torch.float32)[:, None] - dense_neg.to(torch.float32) * pos.to(torch.float32)[:, None]
+        enrichment = torch.where(unclear, 0, enrichment)
     most = min(_KNOWN_GROUPS, dense_pos.shape[1])
-    ends = torch.cat([torch.topk(torch.where(exists, side, -torch.inf), most, dim=1).indices for side in (enrichment, -enrichment)], dim=1)
+    ends = torch.cat([torch.topk(side, most, dim=1).indices for side in (enrichment, -enrichment)], dim=1)
     mp, mn = torch.gather(dense_pos, 1, ends).to(torch.float64), torch.gather(dense_neg, 1, ends).to(torch.float64)
-    known = torch.where(torch.gather(exists, 1, ends), _squares(mp, mn, pos64[:, None], neg64[:, None]), -torch.inf).amax(dim=1)
+    exists = (mp + mn > 0) & (mp + mn < (pos64 + neg64)[:, None])  # both sides of the zero split hold rows
+    if unclear is not None:
+        exists &= ~torch.gather(unclear, 1, ends)
+    known = torch.where(exists, _squares(mp, mn, pos64[:, None], neg64[:, None]), -torch.inf).amax(dim=1)
     known = known - 1e-9 * known.abs().clamp(min=1.0)  # relaxed: rounding may only add groups
     r_pos, r_neg = _count_thresholds(known, pos64, neg64)
     big = float(torch.iinfo(torch.int32).max)
@@ -462,7 +466,7 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
                 concepts = node_concept[dense_rows]
                 selected = _select(pool_pos[used], pool_neg[used], node_pos[dense_rows], node_neg[dense_rows],
                                    None if fixed.signed_table is None else fixed.signed_table[concepts],
-                                   None if fixed.unclear_table is None else fixed.unclear_table[concepts])
+                                   None if fixed.unclear_table is None else fixed.unclear_table[concepts], widest)
             e_node, e_position = _level_entries(fixed, s_node, node_concept, dense_rows, selected, node_slot < 0, n_latents)
             if not e_node.numel():
                 break

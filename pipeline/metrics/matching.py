@@ -36,6 +36,7 @@ Degenerate cases (documented conventions):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -346,23 +347,53 @@ def delta_match_score(trained: Matching, untrained: Matching) -> float:
     return float(trained.score - untrained.score)
 
 
-def coalition_counts(active: Active, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
-    """int64 (3, A): per attribute, the true positives, predicted positives and true positives of the OR of its
-    coalition on these rows (rows: TP, |yhat|, |y|). Counts add up over row blocks, so a held-out F1 can stream over
-    a split of any size (`counts_f1`).
+def coalition_members(rules: Sequence[list[np.ndarray]], n_latents: int, n_attributes: int) -> sparse.csr_array:
+    """int32 CSR (L, R * A): column r * A + a holds 1 on the latents of attribute a's coalition in rule r (each rule one
+    coalition per attribute, checked by `check_coalitions`): several matchings counted by one product
+    (`member_counts`)."""
+    columns, latents = [], []
+    for r, coalitions in enumerate(rules):
+        checked = check_coalitions(coalitions, n_latents, n_attributes)
+        latents += checked
+        columns.append(np.repeat(r * n_attributes + np.arange(n_attributes), [c.size for c in checked]))
+    latents = np.concatenate(latents + [np.zeros(0, np.int64)])
+    columns = np.concatenate(columns + [np.zeros(0, np.int64)])
+    member = sparse.csr_array((np.ones(latents.size, dtype=np.int32), (latents, columns)), shape=(n_latents, len(rules) * n_attributes))
+    member.sum_duplicates()
+    return member
 
-    active: (n, L) bool, dense or scipy.sparse; labels: (n, A) bool; coalitions: one int array per attribute (from a
-    Matching fitted elsewhere), indices checked. One sparse (n, L) x (L, A) product gives every coalition's OR.
+
+def member_counts(active: Active, labels: np.ndarray, members: sparse.csr_array) -> np.ndarray:
+    """int64 (R, 3, A): for each rule of `coalition_members` and attribute, the true positives, predicted positives
+    and true positives of the OR of its coalition on these rows (rows: TP, |yhat|, |y|). Counts add up over row
+    blocks, so a held-out F1 can stream over a split of any size (`counts_f1`).
+
+    active: (n, L) bool, dense or scipy.sparse; labels: (n, A) bool. One sparse (n, L) x (L, R A) product marks the
+    (row, rule, attribute) whose coalition fires; the counts are bincounts over its non-zeros (never an (n, R A)
+    dense array).
     """
     active = _check_active(active)
     _check_labels(labels, active.shape[0])
-    n_latents, n_attr = active.shape[1], labels.shape[1]
-    checked = check_coalitions(coalitions, n_latents, n_attr)
-    member = sparse.csr_array((np.ones(sum(c.size for c in checked), dtype=np.int64),
-                               (np.concatenate([c for c in checked] + [np.zeros(0, np.int64)]),
-                                np.repeat(np.arange(n_attr), [c.size for c in checked]))), shape=(n_latents, n_attr))
-    yhat = (active.astype(np.int64) @ member).toarray() > 0
-    return np.stack([np.count_nonzero(yhat & labels, axis=0), yhat.sum(axis=0), labels.sum(axis=0)]).astype(np.int64)
+    n_attr = labels.shape[1]
+    if not sparse.issparse(members) or members.shape[0] != active.shape[1] or n_attr == 0 or members.shape[1] % n_attr:
+        raise ValueError(f"members: expected coalition_members(..., {active.shape[1]}, {n_attr}), got shape {getattr(members, 'shape', None)}")
+    n_rules = members.shape[1] // n_attr
+    fires = sparse.csr_array(active.astype(np.int32) @ members)  # no stored zeros: a product of non-negative counts
+    rows = row_of_entries(fires)
+    columns = fires.indices.astype(np.int64)
+    true = labels[rows, columns % n_attr]
+    n_pred = np.bincount(columns, minlength=members.shape[1])
+    tp = np.bincount(columns[true], minlength=members.shape[1])
+    n_true = np.tile(labels.sum(axis=0), n_rules)
+    return np.stack([tp, n_pred, n_true]).astype(np.int64).reshape(3, n_rules, n_attr).transpose(1, 0, 2)
+
+
+def coalition_counts(active: Active, labels: np.ndarray, coalitions: list[np.ndarray]) -> np.ndarray:
+    """int64 (3, A): `member_counts` of a single rule (coalitions: one int array per attribute, from a Matching
+    fitted elsewhere, indices checked)."""
+    active = _check_active(active)
+    _check_labels(labels, active.shape[0])
+    return member_counts(active, labels, coalition_members([coalitions], active.shape[1], labels.shape[1]))[0]
 
 
 def counts_f1(counts: np.ndarray, warn: bool = True) -> np.ndarray:

@@ -51,7 +51,7 @@ from pipeline.data.dataset import sample_rows
 from pipeline.metrics.cknna import cknna, cknna_subsample
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import fms
-from pipeline.metrics.matching import Matching, binarise, coalition_counts, coalition_f1, counts_f1, fbmp, nan_mean, one_to_one, strongest, tp_counts
+from pipeline.metrics.matching import Matching, binarise, coalition_members, counts_f1, fbmp, member_counts, nan_mean, one_to_one, strongest, tp_counts
 from pipeline.metrics.probe import Probes, fit_probes, probe_scores
 from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
 from pipeline.scoring.codes import RandomCodes
@@ -221,14 +221,16 @@ def blocks(rows: np.ndarray, size: int) -> list[np.ndarray]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def prefix_scores(active: np.ndarray, labels: np.ndarray, matching: Matching, ks: tuple[int, ...]) -> dict[int, float]:
-    """MATCHScore of the first-k prefix of every coalition, for each k."""
-    return {k: nan_mean(coalition_f1(active, labels, [c[:k] for c in matching.coalitions])) for k in ks}
+def prefix_scores(active: sparse.csr_array, labels: np.ndarray, matching: Matching, ks: tuple[int, ...]) -> dict[int, float]:
+    """MATCHScore of the first-k prefix of every coalition, for each k (one product for every k)."""
+    members = coalition_members([[c[:k] for c in matching.coalitions] for k in ks], active.shape[1], labels.shape[1])
+    counts = member_counts(active, labels, members)
+    return {k: nan_mean(counts_f1(rule, warn=i == 0)) for i, (k, rule) in enumerate(zip(ks, counts))}
 
 
 def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> tuple[MatchingScores, Matching]:
     """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching. The held-out
-    scores stream over the test rows in blocks, summing each coalition's counts (`coalition_counts`)."""
+    scores stream over the test rows in blocks, summing each rule's coalition counts (`member_counts`)."""
     active = binarise(codes.match.codes(data.match_rows), settings.active_threshold)
     tp = tp_counts(active, data.y_match)  # every rule's first step: computed once
     in_sample: dict[tuple[float, int], float] = {}
@@ -242,11 +244,11 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
     o = one_to_one(active, data.y_match, tp=tp)
     coalitions[(0.0, 0)] = o.coalitions
-    counts = {key: np.zeros((3, data.y_match.shape[1]), np.int64) for key in coalitions}
+    members = coalition_members(list(coalitions.values()), active.shape[1], data.y_match.shape[1])  # every rule: one product per block
+    summed = np.zeros((len(coalitions), 3, data.y_match.shape[1]), np.int64)
     for block in blocks(data.test_rows, settings.batch_size):
-        active_test, y_test = binarise(codes.test.codes(block), settings.active_threshold), data.labels(block)
-        for key, sets in coalitions.items():
-            counts[key] += coalition_counts(active_test, y_test, sets)
+        summed += member_counts(binarise(codes.test.codes(block), settings.active_threshold), data.labels(block), members)
+    counts = dict(zip(coalitions, summed))
     # every rule sees the same test labels: one warning about undefined attributes (one-to-one's)
     fbmp_scores = {beta: {k: MatchScores(in_sample[(beta, k)], nan_mean(counts_f1(counts[(beta, k)], warn=False))) for k in settings.match_ks}
                    for beta in settings.betas}
