@@ -195,6 +195,21 @@ def test_pruned_search_stays_exact_with_values_near_zero_and_negative(seed: int)
     np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
 
 
+def test_a_latent_at_1e8_is_no_split_for_the_removal_chain() -> None:
+    """A latent whose only values are 5e-8 on every positive row looks like a perfect zero split by its counts, but
+    for scikit-learn it is constant (values within 1e-7 are one): it must neither be ranked nor push out, through
+    the pruning bound, the latents that really split. The chain equals the plain reference."""
+    y = np.arange(60) < 30
+    codes = np.zeros((60, 5), np.float32)
+    codes[:30, 0] = 5e-8
+    for latent, (hits, misses) in enumerate([(28, 2), (26, 3), (24, 4), (6, 4)], start=1):
+        codes[:hits, latent] = 1.0 + latent / 10
+        codes[30 : 30 + misses, latent] = 1.0 + latent / 10
+    ours = fms(codes, y, removals=(1, 2, 3), levels="paper", **EVERY_ROW)
+    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 4))
+    assert ours.root_feature[0] == 1
+
+
 def test_the_bound_that_prunes_the_split_search_holds() -> None:
     """The search skips a (node, latent) whose rows with a positive value, (a, b) per class, cannot beat a known
     split: it relies on g(a, b) <= max(g(a, 0), g(0, b)) and on g(r, 0), g(0, r) growing with r, where g is the

@@ -615,8 +615,8 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
     classifies correctly (the root split after p removals), -1 past the last latent that can split. Latents rank by
     their best root split's proxy, then by index (within a latent, the lowest threshold), so the first is the tree's
     root split: the splits of the roots that have one, node = concept (the first level of `_grow` takes them).
-    Of a dense root, only the latents whose bound reaches the n_chain-th best split among its 4 n_chain best-bounded
-    latents are searched."""
+    Of a dense root, only the latents whose bound reaches the n_chain-th best of the splits known (the exact best
+    splits of its 4 n_chain best-bounded latents, the zero splits of the others) are searched."""
     device = s_node.device
     concepts = torch.arange(n_concepts, device=device)
     direct = torch.ones(n_concepts, dtype=torch.bool, device=device)
@@ -635,12 +635,18 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
         first.scatter_(1, torch.topk(bound, min(n_latents, 4 * n_chain), dim=1).indices, True)
         nothing = torch.zeros(n_concepts, dtype=torch.bool, device=device)
         groups = _group_scores(fixed, s_node, concepts, dense_node, first & (bound > -torch.inf), nothing, node_pos, node_neg, n_latents)
-        node, latent, proxy = groups.node, groups.latent, groups.proxy
-        kth = torch.full((n_concepts,), -torch.inf, dtype=torch.float64, device=device)
-        order, rank = _ranked(node, latent, proxy, n_concepts)
-        at = order[rank == n_chain - 1]
-        kth[node[at]] = proxy[at] + (node_pos + node_neg)[node[at]].to(torch.float64)  # the proxy in the bound's form
-        kth = kth[dense_node]
+        # each latent's best split known so far, in the bound's form: the searched ones exactly, the others' zero split
+        # ("rows <= 0" left: it exists when both sides hold rows and no positive value is within 1e-7 of 0)
+        size = mp + mn
+        exists = (size > 0) & (size < pos + neg)
+        if fixed.unclear_table is not None:
+            exists &= ~fixed.unclear_table[dense_node]
+        known = torch.where(exists, _squares(mp, mn, pos, neg), -torch.inf)
+        row_of = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
+        row_of[dense_node] = torch.arange(dense_node.numel(), device=device)
+        exact = groups.proxy + _at(node_pos + node_neg, groups.node).to(torch.float64)
+        known.view(-1).scatter_reduce_(0, _at(row_of, groups.node) * n_latents + groups.latent, exact, "amax")
+        kth = torch.topk(known, min(n_latents, n_chain), dim=1).values[:, -1]  # the n_chain-th best latent reaches this
         selected = bound >= (kth - 1e-9 * kth.abs().clamp(min=1.0))[:, None]
     groups = _group_scores(fixed, s_node, concepts, dense_node, selected, direct, node_pos, node_neg, n_latents)
     order, rank = _ranked(groups.node, groups.latent, groups.proxy, n_concepts)
