@@ -230,9 +230,9 @@ def test_the_bound_that_prunes_the_split_search_holds() -> None:
         assert (np.diff(pure[np.isfinite(pure)]) > 0).all()
 
 
-def test_memory_bounds_and_threads_change_nothing_but_the_time() -> None:
-    """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, and
-    one torch thread: the same numbers."""
+def test_memory_bounds_and_threads_change_nothing_but_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, one
+    torch thread, and blocks grown side by side on three threads: the same numbers."""
     rng = np.random.default_rng(4)
     codes = rng.random((300, 30)) * (rng.random((300, 30)) < 0.2)
     labels = np.stack([codes[:, 0] > 0.1, rng.random(300) < 0.5, np.zeros(300, bool), (codes[:, 5] > 0) & (codes[:, 6] > 0)], axis=1)
@@ -243,9 +243,13 @@ def test_memory_bounds_and_threads_change_nothing_but_the_time() -> None:
         small = fms(codes, labels, block_entries=50, dense_cells=30)
     finally:
         torch.set_num_threads(threads)
-    for field in ("per_concept", "cut_accuracy", "root_feature", "depth", "n_rows", "global_", "local"):
-        np.testing.assert_array_equal(getattr(default, field), getattr(small, field))
-    assert default.fms == small.fms and np.isnan(default.per_concept[2])
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    side_by_side = fms(codes, labels)
+    for other in (small, side_by_side):
+        for field in ("per_concept", "cut_accuracy", "root_feature", "depth", "n_rows", "global_", "local"):
+            np.testing.assert_array_equal(getattr(default, field), getattr(other, field))
+        assert default.fms == other.fms
+    assert np.isnan(default.per_concept[2])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

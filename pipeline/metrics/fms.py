@@ -70,6 +70,9 @@ Choices, documented:
   concept index), so a concept's rows do not depend on the others.
 - Memory: concepts are grown together in blocks of at most `block_entries` non-zero entries (their rows' non-zeros
   summed; a concept larger than that is a block of its own), ~150 bytes per entry at the peak of a level.
+- Threads: on the CPU the concepts are split into at least `available_threads()` blocks of equal entries, grown side
+  by side (torch's operations release the GIL; a concept's tree does not depend on its block): 1.3x faster on 2
+  cores than one block on torch's 2 intra-op threads.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ from scipy import sparse
 
 from pipeline.metrics.conventions import PUBLISHED_REMOVALS
 from pipeline.metrics.csr import to_csr
+from pipeline.metrics.threads import available_threads, thread_map
 from pipeline.records import Undefined
 
 logger = logging.getLogger(__name__)
@@ -789,7 +793,10 @@ def fms(
     value_rank[by_value] = torch.arange(by_value.numel(), device=device)  # each stored entry's rank in (latent, value) order
     entries = np.array([int(row_nnz[rows[c]].sum()) for c in scored], dtype=np.int64)
     per_block = max(1, dense_cells // n_latents)  # concepts whose roots all keep dense counts
-    for block in _blocks(entries, block_entries, per_block):
+    jobs = available_threads() if device.type == "cpu" else 1  # on the CPU, blocks grow side by side (torch frees the GIL)
+    limit = min(block_entries, -(-int(entries.sum()) // jobs)) if entries.size else block_entries
+
+    def grow(block: np.ndarray) -> tuple[np.ndarray, _Grown]:
         concepts = scored[block]
         sample_rows = np.concatenate([rows[c] for c in concepts])
         sample_concept = np.repeat(np.arange(concepts.size), [rows[c].size for c in concepts])
@@ -799,8 +806,10 @@ def fms(
         entry_sample = torch.repeat_interleave(torch.arange(s_rows.numel(), device=device), nnz)
         offset = torch.arange(entry_sample.numel(), device=device) - _exclusive_cumsum(nnz)[entry_sample]
         at = indptr[s_rows][entry_sample] + offset
-        grown = _grow(torch.as_tensor(sample_concept, device=device), torch.as_tensor(positive, device=device), entry_sample,
-                      indices[at], values[at], value_rank[at], concepts.size, n_latents, n_chain, dense_cells)
+        return concepts, _grow(torch.as_tensor(sample_concept, device=device), torch.as_tensor(positive, device=device), entry_sample,
+                               indices[at], values[at], value_rank[at], concepts.size, n_latents, n_chain, dense_cells)
+
+    for concepts, grown in thread_map(grow, _blocks(entries, max(limit, 1), per_block), jobs):
         block_acc0, block_local, block_global, block_cuts = _scores(grown, removals, levels, exhausted)
         acc0[concepts], local[concepts], global_[concepts] = block_acc0, block_local, block_global
         roots[concepts], depths[concepts], cuts[concepts] = grown.root, grown.depth, block_cuts
