@@ -306,10 +306,9 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
             counts = base - _tp_counts(active, covered)
         else:
             counts = _tp_counts(active, residual)
-        tp = counts.astype(np.float64)
-        den = beta2 * _column_sizes(residual)[None, :] + n_active[:, None]
-        score = np.divide(tp, den, out=np.zeros_like(tp), where=den > 0)
-        best = np.argmax(score, axis=0)
+        # where den is 0 (a dead latent against an empty residual) TP is 0 too: dividing by the smallest float scores 0
+        den = np.maximum(beta2 * _column_sizes(residual)[:, None] + n_active[None, :], np.finfo(np.float64).tiny)
+        best = np.argmax(counts.T / den, axis=1)  # (running, L): each attribute's scores contiguous
         gathered = by_column[:, best]
         new_hat = yhat.maximum(gathered)
         covered = new_hat.multiply(truth)
