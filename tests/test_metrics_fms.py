@@ -230,6 +230,29 @@ def test_the_bound_that_prunes_the_split_search_holds() -> None:
         assert (np.diff(pure[np.isfinite(pure)]) > 0).all()
 
 
+def test_the_drift_bound_that_carries_split_bounds_between_levels_holds() -> None:
+    """A dense node that loses rows holding 0 on a latent keeps that latent's best split bounded by the old best plus
+    `_drift`: every split (right side (rp, rn) of at most (mp, mn) rows, a non-empty left) gains at most that much in
+    g = f(right) + f(left), f(a, b) = (a^2 + b^2) / (a + b). Checked for every node, moved rows and side up to 12."""
+    from pipeline.metrics.fms import _drift
+
+    f = lambda a, b: (a * a + b * b) / (a + b)  # noqa: E731
+    worst = -np.inf
+    for pos, neg, dp, dn in itertools.product(range(1, 13), range(1, 13), range(0, 5), range(0, 5)):
+        if dp + dn == 0:
+            continue
+        rp, rn = np.meshgrid(np.arange(pos + 1.0), np.arange(neg + 1.0), indexing="ij")
+        ok = (rp + rn > 0) & (rp + rn < pos + neg)  # both sides non-empty after the move
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gain = np.where(ok, f(pos - rp, neg - rn) - f(pos + dp - rp, neg + dn - rn), -np.inf)  # the right side stays
+        # the largest gain over the right sides of at most (mp, mn) rows, for every (mp, mn)
+        most = np.maximum.accumulate(np.maximum.accumulate(gain, axis=0), axis=1)
+        bound = _drift(*(torch.full(rp.shape, float(v)) for v in (pos, neg, dp, dn)), torch.tensor(rp), torch.tensor(rn)).numpy()
+        assert (most <= bound + 1e-12).all(), (pos, neg, dp, dn)
+        worst = max(worst, float((most - bound)[np.isfinite(most)].max()))
+    assert worst > -0.5  # the bound is not vacuous: somewhere it is nearly reached
+
+
 def test_memory_bounds_and_threads_change_nothing_but_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, one
     torch thread, and blocks grown side by side on three threads: the same numbers."""

@@ -51,7 +51,10 @@ the reference):
   split (the tree's first level searches nothing more).
 - Dense nodes (more entries than half the latents) keep class counts per latent, and skip the groups that cannot beat
   a split the node is known to have (the zero split of its groups most enriched in either class, `_select`): exact
-  pruning, which halves the entries searched on noise-fitting trees of dense codes (CEDAR's).
+  pruning, which halves the entries searched on noise-fitting trees of dense codes (CEDAR's). A group searched
+  exactly keeps its best split as a bound for the next levels, raised each level by `_drift` (what the rows the node
+  lost can add to any split of a group they held no value on), and dropped when a lost row held a value on it: on
+  the deep, narrow trees that random TopK codes grow, 2.5x fewer entries searched.
 
 Choices, documented:
 - Accuracies are in-sample (the tree is evaluated on the rows it was fitted on), as published: the score
@@ -348,13 +351,15 @@ def _fixed(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sa
 
 
 def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, signed: torch.Tensor | None,
-            unclear: torch.Tensor | None, widest: int) -> torch.Tensor:
+            unclear: torch.Tensor | None, widest: int, upper: torch.Tensor, drift: torch.Tensor) -> torch.Tensor:
     """bool (B, L): the (node, latent) groups of dense nodes that may hold the node's best split (module docstring):
     a group whose positive-valued rows count (mp, mn) has max(g(mp, 0), g(0, mn)) below a split the node is known
     to have (the best zero split, "rows <= 0" left, of its `_KNOWN_GROUPS` groups most enriched in each class: it
     exists when both sides hold rows and no positive value is within 1e-7 of 0) holds no better split, since every split of the group sends a subset
     of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0) increasing in a. signed, unclear: bool (B, L)
-    or None: groups always searched, and groups whose zero split may not exist. widest: rows of the largest node."""
+    or None: groups always searched, and groups whose zero split may not exist. widest: rows of the largest node.
+    upper + drift: float64 (B, L) + (B,), a bound on each group's best split carried from earlier levels (`_grow`;
+    inf: none)."""
     pos64, neg64 = pos.to(torch.float64), neg.to(torch.float64)
     # the zero splits of the groups most enriched in either class (a subset: any split found is a valid bound). The
     # enrichment mp N - mn P (exact: int32 while it fits) is 0 for a group with no row or every row on its positive
@@ -374,7 +379,28 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     r_pos, r_neg = _count_thresholds(known, pos64, neg64)
     big = float(torch.iinfo(torch.int32).max)
     out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
+    out &= upper >= (known - drift)[:, None]
     return out if signed is None else out | signed
+
+
+def _drift(pos: torch.Tensor, neg: torch.Tensor, moved_pos: torch.Tensor, moved_neg: torch.Tensor, most_pos: torch.Tensor,
+           most_neg: torch.Tensor) -> torch.Tensor:
+    """float64 (m,): how much a split of a (node, latent) group can gain, in the bounds' form g, when the node loses
+    (moved_pos, moved_neg) rows that hold 0 on the latent, leaving (pos, neg): an upper bound over every group of
+    the node whose positive-valued rows count at most (most_pos, most_neg) and have no negative value.
+
+    Such rows sit on the left of every split of the group, so only the left term of g = f(right) + f(left) changes,
+    f(a, b) = (a^2 + b^2) / (a + b) = a + b - 2 q(a, b), q(a, b) = ab / (a + b). q is concave, so with (a, b) the
+    new left side, q(a + dp, b + dn) - q(a, b) <= dp t^2 + dn (1 - t)^2, t = b / (a + b): the change is at most
+    D(t) = -(dp + dn) + 2 (dp t^2 + dn (1 - t)^2), convex in t, and t = (neg - rn) / (pos + neg - rp - rn) over the
+    right sides (rp <= most_pos, rn <= most_neg) lies between its values at (0, most_neg) and (most_pos, 0)."""
+    pos, neg = pos.to(torch.float64), neg.to(torch.float64)
+    dp, dn = moved_pos.to(torch.float64), moved_neg.to(torch.float64)
+    mp, mn = most_pos.to(torch.float64), most_neg.to(torch.float64)
+    high = (neg / (pos + neg - mp).clamp(min=1.0)).clamp(max=1.0)
+    low = ((neg - mn).clamp(min=0.0) / (pos + neg - mn).clamp(min=1.0)).clamp(max=1.0)
+    bound = [-(dp + dn) + 2.0 * (dp * t * t + dn * (1.0 - t) * (1.0 - t)) for t in (low, high)]
+    return torch.maximum(bound[0], bound[1])
 
 
 @dataclass
@@ -455,7 +481,12 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
     slot_node[: dense_roots.numel()] = dense_roots
     pool_pos = torch.zeros((n_slots, n_latents), dtype=torch.int32, device=device)
     pool_neg = torch.zeros_like(pool_pos)
+    # bounds on the groups' best splits carried from level to level: pool_upper + slot_drift[slot] (inf: none); a
+    # slot's drift grows with the rows its node loses (`_drift`), for the largest groups counted when it was filled
+    pool_upper = torch.full((n_slots, n_latents), torch.inf, dtype=torch.float64, device=device)
+    slot_drift = torch.zeros(n_slots, dtype=torch.float64, device=device)
     _add_counts(fixed, torch.arange(n_samples, device=device), node_slot[sample_concept], pool_pos, pool_neg, 1)
+    slot_most_pos, slot_most_neg = pool_pos.amax(dim=1), pool_neg.amax(dim=1)
     chain, best = _rank_chain(fixed, dense_roots, pool_pos[: dense_roots.numel()], pool_neg[: dense_roots.numel()], s_node, node_pos,
                               node_neg, n_concepts, n_latents, n_chain)  # best: the roots' splits, the first level's
     root = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
@@ -470,7 +501,8 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
                 concepts = node_concept[dense_rows]
                 selected = _select(pool_pos[used], pool_neg[used], node_pos[dense_rows], node_neg[dense_rows],
                                    None if fixed.signed_table is None else fixed.signed_table[concepts],
-                                   None if fixed.unclear_table is None else fixed.unclear_table[concepts], widest)
+                                   None if fixed.unclear_table is None else fixed.unclear_table[concepts], widest,
+                                   pool_upper[used], slot_drift[used])
             e_node, e_position = _level_entries(fixed, s_node, node_concept, dense_rows, selected, node_slot < 0, n_latents)
             if not e_node.numel():
                 break
@@ -478,6 +510,14 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
                                    _at(s_positive, _at(fixed.sample, e_position)), node_pos, node_neg)
             pick = _best(cands, cands.node, n_nodes, cands.latent * widest + cands.left_pos + cands.left_neg)
             pick = _at(pick, _where(pick >= 0))
+            # the searched groups of dense nodes: their best split, exactly (every group has a zero candidate, -inf if
+            # invalid), in the bounds' form, replaces the bound carried so far
+            of_dense = _where(_at(node_slot, cands.node) >= 0)
+            at_node = _at(cands.node, of_dense)
+            at_slot = _at(node_slot, at_node)
+            pool_upper.view(-1).scatter_reduce_(0, at_slot * n_latents + _at(cands.latent, of_dense),
+                                                _at(cands.proxy, of_dense) + _at(node_pos + node_neg, at_node).to(torch.float64)
+                                                - _at(slot_drift, at_slot), "amax", include_self=False)
             best = _Splits(*(_at(getattr(cands, name), pick) for name in ("node", "latent", "proxy", "left_pos", "left_neg", "threshold")))
         if not best.node.numel():
             break
@@ -524,9 +564,17 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
         slot_of_child[small] = parent_slot
         moving = _at(splitting, _where(_at(slot_of_child, in_child) >= 0))  # rows of the smaller children of dense nodes
         moving_child = _at(child, moving)
-        _add_counts(fixed, moving, _at(slot_of_child, moving_child), pool_pos, pool_neg, -1)
+        moved_cells = _add_counts(fixed, moving, _at(slot_of_child, moving_child), pool_pos, pool_neg, -1)
         dense_next = active & (2 * child_entries >= n_latents)
         keeps = dense_next[large]
+        # the larger child's groups keep their bounds, moved by at most `_drift`; a group some moved row had a value
+        # on changed its rows: no bound
+        pool_upper.view(-1).index_fill_(0, moved_cells, torch.inf)
+        kept_slot, kept_large, kept_small = parent_slot[keeps], large[keeps], small[keeps]
+        drift = _drift(child_pos[kept_large], child_neg[kept_large], child_pos[kept_small], child_neg[kept_small],
+                       slot_most_pos[kept_slot], slot_most_neg[kept_slot])
+        slack = 1e-9 * (child_n[kept_large] + child_n[kept_small]).to(torch.float64)  # rounding of the bounds
+        slot_drift.index_add_(0, kept_slot, drift + slack)
         slot_of_child.fill_(-1)
         slot_of_child[large[keeps]] = parent_slot[keeps]
         kept = torch.zeros(n_slots, dtype=torch.bool, device=device)
@@ -534,11 +582,15 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
         freed = torch.nonzero((slot_node >= 0) & ~kept).squeeze(1)
         pool_pos.index_fill_(0, freed, 0)
         pool_neg.index_fill_(0, freed, 0)
+        pool_upper.index_fill_(0, freed, torch.inf)
+        slot_drift.index_fill_(0, freed, 0.0)
         wanting = small[dense_next[small]]
         free = torch.nonzero(~kept).squeeze(1)[: wanting.numel()]
         wanting = wanting[: free.numel()]
         slot_of_child[wanting] = free
         _add_counts(fixed, moving, torch.where(torch.isin(moving_child, wanting), _at(slot_of_child, moving_child), -1), pool_pos, pool_neg, 1)
+        filled = slot_of_child[wanting]
+        slot_most_pos[filled], slot_most_neg[filled] = pool_pos[filled].amax(dim=1), pool_neg[filled].amax(dim=1)
 
         child_of = child.clamp(min=0)
         keep_sample = s_split & _at(active, child_of)
@@ -556,9 +608,9 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
                   depth=depth.cpu().numpy(), chain=chain.cpu().numpy(), root=root.cpu().numpy())
 
 
-def _add_counts(fixed: _Fixed, samples: torch.Tensor, slot: torch.Tensor, pool_pos: torch.Tensor, pool_neg: torch.Tensor, sign: int) -> None:
+def _add_counts(fixed: _Fixed, samples: torch.Tensor, slot: torch.Tensor, pool_pos: torch.Tensor, pool_neg: torch.Tensor, sign: int) -> torch.Tensor:
     """Add `sign` to the class counts of slot[i] for every latent on which samples[i] has a positive value (slot -1:
-    skipped). pool_*: int32 (slots, L), updated in place."""
+    skipped). pool_*: int32 (slots, L), updated in place. Returns the flat (slot * L + latent) cells counted, int64."""
     keep = _where(slot >= 0)
     samples, slot = _at(samples, keep), _at(slot, keep)
     positions, owner = fixed.of_samples(samples)
@@ -569,6 +621,7 @@ def _add_counts(fixed: _Fixed, samples: torch.Tensor, slot: torch.Tensor, pool_p
     for pool, mask in ((pool_pos, cls), (pool_neg, ~cls)):
         chosen = _where(mask)
         pool.view(-1).index_add_(0, _at(flat, chosen), torch.full((chosen.numel(),), sign, dtype=torch.int32, device=flat.device))
+    return flat
 
 
 def _ranked(node: torch.Tensor, latent: torch.Tensor, proxy: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
