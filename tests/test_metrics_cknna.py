@@ -111,3 +111,19 @@ def test_bad_inputs_raise_clear_errors() -> None:
         cknna(np.ones(10), a)
     with pytest.raises(ValueError, match="max_n"):
         cknna(a, a, k=2, max_n=2)
+
+
+def test_masked_similarity_on_the_masks_entries_equals_the_dense_formula() -> None:
+    """s(K, L) is computed on the mutual neighbours only (sparse): the same number as `hsic_unbiased` of the dense
+    masked kernels, for a mask with and without reciprocal pairs."""
+    from pipeline.metrics.cknna import _masked_similarity
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(40, 6)), rng.normal(size=(40, 5))
+    k_mat, l_mat = a @ a.T, b @ b.T
+    for k in (1, 5, 20):
+        mask_k, mask_l = _knn_mask(k_mat, k), _knn_mask(l_mat, k)
+        mask = mask_k & mask_l
+        dense = hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
+        assert _masked_similarity(k_mat, l_mat, mask_k, mask_l) == pytest.approx(dense, rel=1e-12, abs=1e-15)
+        assert _masked_similarity(k_mat, k_mat, mask_k, mask_k) == pytest.approx(hsic_unbiased(np.where(mask_k, k_mat, 0.0), np.where(mask_k, k_mat, 0.0)), rel=1e-12)

@@ -89,17 +89,23 @@ def hsic_unbiased(k_mat: np.ndarray, l_mat: np.ndarray) -> float:
     lt = l_mat.astype(np.float64, copy=True)
     np.fill_diagonal(kt, 0.0)
     np.fill_diagonal(lt, 0.0)
-    trace_kl = float(np.sum(kt * lt.T))
-    sum_k = float(kt.sum())
-    sum_l = float(lt.sum())
-    one_kl_one = float(kt.sum(axis=0) @ lt.sum(axis=1))
+    return _hsic(float(np.sum(kt * lt.T)), float(kt.sum()), float(lt.sum()), float(kt.sum(axis=0) @ lt.sum(axis=1)), n)
+
+
+def _hsic(trace_kl: float, sum_k: float, sum_l: float, one_kl_one: float, n: int) -> float:
+    """Unbiased HSIC from its terms: tr(K L), 1'K1, 1'L1, 1'K L 1 of (n, n) kernels with zeroed diagonals."""
     value = trace_kl + sum_k * sum_l / ((n - 1) * (n - 2)) - 2.0 * one_kl_one / (n - 2)
     return value / (n * (n - 3))
 
 
 def _masked_similarity(k_mat: np.ndarray, l_mat: np.ndarray, mask_k: np.ndarray, mask_l: np.ndarray) -> float:
-    mask = mask_k & mask_l
-    return hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
+    """`hsic_unbiased` of the two kernels restricted to the mask both keep (the diagonal never is a neighbour): on the
+    mask's entries only (at most k per row), as sparse matrices, with the same terms as the dense formula."""
+    n = k_mat.shape[0]
+    rows, cols = np.nonzero(mask_k & mask_l)
+    kt = sparse.csr_array((k_mat[rows, cols], (rows, cols)), shape=(n, n))
+    lt = sparse.csr_array((l_mat[rows, cols], (rows, cols)), shape=(n, n))
+    return _hsic(float(kt.multiply(lt.T).sum()), float(kt.sum()), float(lt.sum()), float(np.asarray(kt.sum(axis=0)) @ np.asarray(lt.sum(axis=1))), n)
 
 
 def cknna_subsample(n: int, max_n: int | None, seed: int) -> np.ndarray:
