@@ -195,6 +195,24 @@ def test_pruned_search_stays_exact_with_values_near_zero_and_negative(seed: int)
     np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_binary_codes_score_single_valued_latents_from_their_counts(seed: int) -> None:
+    """Codes of one value per latent (random codes, binarised ones): a latent's only split is its zero split, which
+    the search scores from the class counts instead of its entries; the trees and the chain equal the plain greedy
+    reference, with latents that fire on every row (no zero split) and on no row among them."""
+    rng = np.random.default_rng(70 + seed)
+    n, latents = int(rng.integers(60, 160)), int(rng.integers(8, 40))
+    codes = (rng.random((n, latents)) < rng.uniform(0.05, 0.5, latents)).astype(np.float32) * rng.choice([1.0, 2.0], latents)
+    codes[:, 0] = 3.0  # every row: constant, cannot split
+    codes[:, 1] = 0.0
+    y = (codes[:, 2] > 0) ^ (rng.random(n) < 0.3)
+    levels, root = tree_levels(codes, y)
+    ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
+    assert ours.depth[0] == levels.size and ours.root_feature[0] == root
+    assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
+    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
+
+
 def test_a_latent_at_1e8_is_no_split_for_the_removal_chain() -> None:
     """A latent whose only values are 5e-8 on every positive row looks like a perfect zero split by its counts, but
     for scikit-learn it is constant (values within 1e-7 are one): it must neither be ranked nor push out, through
