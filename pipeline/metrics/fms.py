@@ -362,9 +362,10 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     """bool (B, L): the (node, latent) groups of dense nodes that may hold the node's best split (module docstring):
     a group whose positive-valued rows count (mp, mn) has max(g(mp, 0), g(0, mn)) below a split the node is known
     to have (the best zero split, "rows <= 0" left, of its `_KNOWN_GROUPS` groups most enriched in each class: it
-    exists when both sides hold rows and no positive value is within 1e-7 of 0) holds no better split, since every split of the group sends a subset
-    of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0) increasing in a. signed, unclear: bool (B, L)
-    or None: groups always searched, and groups whose zero split may not exist. widest: rows of the largest node.
+    exists when both sides hold rows and no positive value is within 1e-7 of 0) holds no better split, since every
+    split of the group sends a subset of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0)
+    increasing in a. signed, unclear: bool (B, L) or None: groups always searched, and groups whose zero split may
+    not exist. widest: rows of the largest node.
     upper + drift: float64 (B, L) + (B,), a bound on each group's best split carried from earlier levels (`_grow`;
     inf: none). single: bool (B, L) or None, groups of one value, whose only split (the zero split) is scored from
     the counts: searched only when it reaches the known split."""
