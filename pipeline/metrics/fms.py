@@ -106,7 +106,7 @@ _SAME_VALUE = 1e-7
 BLOCK_ENTRIES = 1 << 22
 #: groups per class whose zero split bounds a dense node's best split from below (`_select`)
 _KNOWN_GROUPS = 4
-#: (node, latent) class-count cells kept at most (int32, two classes, ~3 copies at the peak of a level: ~100 MB)
+#: (node, latent) cells kept at most: two int32 class counts and a float64 bound each (~3 copies at the peak of a level: ~200 MB)
 DENSE_CELLS = 1 << 22
 
 
