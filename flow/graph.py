@@ -70,6 +70,7 @@ class Project:
         self._queue_lock = threading.Lock()  # held only to add to or take the queue
         self._queue: list[str] = []  # finished stages waiting to be recorded
         self._outcome: dict[str, str | None] = {}  # recorded stage -> None, or why it was not recorded
+        self.commands_ran: set[str] = set()  # stages whose command ran in this flow (a retried task's earlier attempt too)
 
     def _locked(self):
         from dvc.repo import lock_repo

@@ -65,6 +65,8 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
     SubmissionError as soon as the cluster's batch system has refused a job (`submissions`)."""
     logger = get_run_logger()
     status = project.start(stage.name)
+    if status != "run" and stage.name in project.commands_ran:
+        return "ran"  # an earlier attempt of this task ran it and lost its end (the Prefect API went away): its outputs are kept
     if status != "run":
         print(f"Stage '{stage.name}' {'did not change' if status == 'unchanged' else 'was restored from the run cache'}, skipping", flush=True)
         return status
@@ -73,6 +75,7 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
     future = client.submit(run_commands, stage.name, list(stage.commands), stage.wdir, str(project.root),
                            resources=resources or None, key=f"{stage.name}-{uuid.uuid4().hex[:8]}", pure=False)
     outcome = result(future, submissions)
+    project.commands_ran.add(stage.name)
     # Let go of the finished task before recording it: while this client holds the future, Dask keeps its result on
     # the worker that ran it, and recomputes it (running the stage's command a second time, after it was recorded)
     # when the adaptive cluster retires that worker (seen on SLURM: dvc status then named the rewritten timings).
