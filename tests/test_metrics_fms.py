@@ -161,18 +161,24 @@ def test_trees_equal_scikit_learns_where_no_tie_decides_them() -> None:
     assert checked >= 10, "too few cases without ties to compare"
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_trees_equal_the_tie_rule_reference_on_codes_full_of_ties(seed: int) -> None:
-    """Grid-valued sparse codes, where many latents tie: the tree, its level accuracies and the removal chain equal
-    an independent plain-numpy greedy tree that breaks ties as documented (lowest latent, then lowest threshold)."""
-    rng = np.random.default_rng(10 + seed)
-    codes, y = _random_case(rng, int(rng.integers(40, 120)), int(rng.integers(6, 60)), int(rng.integers(1, 5)), grid=True)
+def assert_equals_greedy_reference(codes: np.ndarray, y: np.ndarray) -> None:
+    """Our tree of one concept on every row (depth, root, level accuracies as the paper's global term) and its removal
+    chain equal the plain-numpy greedy tree that breaks ties as documented (lowest latent, then lowest threshold)."""
     levels, root = tree_levels(codes, y)
     ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
     assert ours.depth[0] == levels.size and ours.root_feature[0] == root
     assert ours.root_accuracy[0] == levels[0]
     assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
     np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_trees_equal_the_tie_rule_reference_on_codes_full_of_ties(seed: int) -> None:
+    """Grid-valued sparse codes, where many latents tie: the tree, its level accuracies and the removal chain equal
+    an independent plain-numpy greedy tree that breaks ties as documented (lowest latent, then lowest threshold)."""
+    rng = np.random.default_rng(10 + seed)
+    codes, y = _random_case(rng, int(rng.integers(40, 120)), int(rng.integers(6, 60)), int(rng.integers(1, 5)), grid=True)
+    assert_equals_greedy_reference(codes, y)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -187,12 +193,7 @@ def test_pruned_search_stays_exact_with_values_near_zero_and_negative(seed: int)
     codes.flat[rng.choice(nonzero, nonzero.size // 4, replace=False)] = 5e-8  # one value with 0 for scikit-learn
     if seed % 2:
         codes.flat[rng.choice(nonzero, nonzero.size // 5, replace=False)] *= -1.0
-    levels, root = tree_levels(codes, y)
-    ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
-    assert ours.depth[0] == levels.size and ours.root_feature[0] == root
-    assert ours.root_accuracy[0] == levels[0]
-    assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
-    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
+    assert_equals_greedy_reference(codes, y)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -206,11 +207,7 @@ def test_binary_codes_score_single_valued_latents_from_their_counts(seed: int) -
     codes[:, 0] = 3.0  # every row: constant, cannot split
     codes[:, 1] = 0.0
     y = (codes[:, 2] > 0) ^ (rng.random(n) < 0.3)
-    levels, root = tree_levels(codes, y)
-    ours = fms(codes, y, removals=(1, 2, 3, 4), levels="paper", **EVERY_ROW)
-    assert ours.depth[0] == levels.size and ours.root_feature[0] == root
-    assert ours.global_[0] == pytest.approx(1.0 - np.mean(levels[1:] - levels[0]) if levels.size > 1 else 1.0, abs=1e-12)
-    np.testing.assert_array_equal(ours.cut_accuracy[0], stump_chain(codes, y, 5))
+    assert_equals_greedy_reference(codes, y)
 
 
 def test_a_latent_at_1e8_is_no_split_for_the_removal_chain() -> None:
