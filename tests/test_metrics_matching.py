@@ -255,20 +255,26 @@ def test_the_dense_and_sparse_products_count_the_same(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("aligned", [True, False])
-def test_later_steps_count_against_the_residual_or_the_covered_labels_alike(aligned: bool) -> None:
-    """After the first step FBMP counts TP against the residual, or, when the chosen latents already cover fewer
-    labels than remain, as TP(labels) - TP(covered labels). Strongly aligned latents take the first way, weak ones
-    the second (checked on the first latents chosen); both give the reference coalitions."""
+def test_later_steps_subtract_the_newly_covered_labels_from_the_counts(aligned: bool) -> None:
+    """After the first step FBMP's TP counts against the residual are the previous ones less the TP of the labels
+    the chosen latent newly covers (each label row counted once over all steps). Strongly aligned latents (most
+    labels covered at the first step) and weak ones (few), dense and sparse codes, up to five steps with rejections
+    and attributes leaving at different steps: the reference coalitions and their F1 every time."""
     rng = np.random.default_rng(11)
     n, n_latents = 400, 16
-    labels = rng.random((n, 4)) < 0.3
+    labels = rng.random((n, 5)) < np.array([0.03, 0.1, 0.2, 0.3, 0.5])
     active = rng.random((n, n_latents)) < 0.2
     if aligned:
-        active[:, :4] = labels & (rng.random((n, 4)) < 0.9)
-    result = fbmp(active, labels, beta=0.5, k=3)
-    assert [c.tolist() for c in result.coalitions] == _reference_fbmp(active, labels, 0.5, 3)
-    covered = sum(int((labels[:, a] & active[:, c[0]]).sum()) for a, c in enumerate(result.coalitions))
-    assert (covered > labels.sum() - covered) == aligned
+        active[:, :4] = labels[:, :4] & (rng.random((n, 4)) < 0.9)
+        active[:, 4:8] = labels[:, :4] & (rng.random((n, 4)) < 0.5)  # a second latent per attribute: new rows and old ones
+    expected = _reference_fbmp(active, labels, 0.5, 5)
+    assert len({len(c) for c in expected}) > 1, "attributes leave at different steps"
+    for codes in (active, sparse.csr_array(active)):
+        result = fbmp(codes, labels, beta=0.5, k=5)
+        assert [c.tolist() for c in result.coalitions] == expected
+        for a, coalition in enumerate(expected):
+            predicted = active[:, coalition].any(axis=1)
+            assert result.f1[a] == pytest.approx(f1_score(labels[:, a], predicted))
 
 
 def test_strongest_keeps_each_rows_largest_activations_by_hand() -> None:

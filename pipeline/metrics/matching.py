@@ -266,13 +266,14 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     Per attribute: residual r = y; at each step pick the latent with the highest F_beta against r
     (ties: lowest index), drop its activations from r, and keep it only if F1(y, OR of the
     coalition) strictly improves (the first latent is always kept); the first rejection ends the
-    coalition. Implementation: the labels, residuals and predictions of the still-running attributes are the
-    columns of bool CSC arrays (n, running); each step takes one `_tp_counts` product for their TP counts (after the
-    first, against the residuals or, when fewer labels are already covered, TP(labels) - TP(covered labels)),
-    scores `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax),
-    gathers the winning latent's column for every attribute at once (from a CSC copy of the codes), updates the
-    predictions with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns.
-    Only a list append per attribute runs in Python; nothing of size (n, A) or (n, L) is ever dense.
+    coalition. Implementation: the residuals and predictions of the still-running attributes are the columns of
+    bool CSC arrays (n, running); the TP counts against the residuals (L, running) start as TP(labels) (`tp`) and
+    each step subtracts those of the labels it newly covers (residual AND the chosen latent: each label row is
+    counted once over all steps, one sparse product per step on those rows only, none after the last), scores
+    `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax), gathers the
+    winning latent's column for every attribute at once (from a CSC copy of the codes), updates the predictions
+    with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns. Only a list
+    append per attribute runs in Python; nothing of size (n, A) or (n, L) is ever dense.
     """
     active, defined = _check_inputs(active, labels)
     if not (isinstance(beta, (int, float, np.floating)) and np.isfinite(beta) and beta > 0):
@@ -289,30 +290,24 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     n_hat = np.zeros(n_attr, dtype=np.int64)
     chosen: list[list[int]] = [[] for _ in range(n_attr)]
     running = np.flatnonzero(defined)
-    # the running attributes' labels, residuals and predictions as bool CSC (n, running): set operations on
-    # their non-zeros only, never an (n, A) dense array
-    truth = sparse.csc_array(labels[:, running])
-    residual = truth.copy()
+    # the running attributes' residuals and predictions as bool CSC (n, running): set operations on their non-zeros
+    # only, never an (n, A) dense array
+    residual = sparse.csc_array(labels[:, running])
     yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
-    base = _given_tp(tp, active, labels)[:, running] if tp is not None else None
-    covered = None  # truth AND yhat: the labels the coalitions already predict (residual = truth - covered)
+    # (running, L): TP against the residuals, each attribute's counts contiguous
+    counts = np.ascontiguousarray(_given_tp(tp, active, labels)[:, running].T)
+    active64 = active.astype(np.int64)
     for step in range(k):
         if running.size == 0:
             break
-        if step == 0:
-            base = base if base is not None else _tp_counts(active, truth)  # TP against the labels themselves
-            counts = base
-        elif covered.nnz < residual.nnz:  # fewer rows to multiply: TP(residual) = TP(labels) - TP(covered), exact
-            counts = base - _tp_counts(active, covered)
-        else:
-            counts = _tp_counts(active, residual)
         # where den is 0 (a dead latent against an empty residual) TP is 0 too: dividing by the smallest float scores 0
-        den = np.maximum(beta2 * _column_sizes(residual)[:, None] + n_active[None, :], np.finfo(np.float64).tiny)
-        best = np.argmax(counts.T / den, axis=1)  # (running, L): each attribute's scores contiguous
+        score = np.add.outer(beta2 * _column_sizes(residual), n_active)  # (running, L), in place from here
+        np.maximum(score, np.finfo(np.float64).tiny, out=score)
+        best = np.argmax(np.divide(counts, score, out=score), axis=1)
         gathered = by_column[:, best]
         new_hat = yhat.maximum(gathered)
-        covered = new_hat.multiply(truth)
-        tp_new = _column_sizes(covered)
+        newly = residual.multiply(gathered)  # the labels the chosen latent covers that no earlier one did
+        tp_new = tp_hat[running] + _column_sizes(newly)
         n_new = _column_sizes(new_hat)
         if step == 0:
             accept = np.ones(running.size, dtype=bool)
@@ -325,8 +320,12 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
         n_hat[kept] = n_new[accept]
         for attribute, latent in zip(kept.tolist(), best[accept].tolist()):
             chosen[attribute].append(latent)
-        residual = (residual - residual.multiply(gathered))[:, accept]
-        yhat, truth, covered, base, running = new_hat[:, accept], truth[:, accept], covered[:, accept], base[:, accept], kept
+        newly = newly[:, accept]
+        residual, yhat, running = residual[:, accept] - newly, new_hat[:, accept], kept
+        if step + 1 < k and running.size:
+            counts = counts[accept]
+            covered = (newly.T.astype(np.int64) @ active64).tocoo()  # (running, L), no duplicates
+            counts[covered.row, covered.col] -= covered.data
     f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
