@@ -267,9 +267,10 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     (ties: lowest index), drop its activations from r, and keep it only if F1(y, OR of the
     coalition) strictly improves (the first latent is always kept); the first rejection ends the
     coalition. Implementation: the residuals and predictions of the still-running attributes are the columns of
-    bool CSC arrays (n, running); the TP counts against the residuals (L, running) start as TP(labels) (`tp`) and
-    each step subtracts those of the labels it newly covers (residual AND the chosen latent: each label row is
-    counted once over all steps, one sparse product per step on those rows only, none after the last), scores
+    bool CSC arrays (n, running); the TP counts against the residuals (L, running) start as TP(labels) (`tp`), and
+    after each step but the last one `_tp_counts` product updates them: the previous counts less those of the
+    labels the step newly covers (residual AND the chosen latent), or the residuals' own, whichever has fewer rows
+    (strongly aligned latents cover most labels at once, weak ones few); the step scores
     `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax), gathers the
     winning latent's column for every attribute at once (from a CSC copy of the codes), updates the predictions
     with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns. Only a list
@@ -294,16 +295,13 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     # only, never an (n, A) dense array
     residual = sparse.csc_array(labels[:, running])
     yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
-    # (running, L): TP against the residuals, each attribute's counts contiguous
-    counts = np.ascontiguousarray(_given_tp(tp, active, labels)[:, running].T)
-    active64 = active.astype(np.int64)
+    counts = _given_tp(tp, active, labels)[:, running]  # (L, running): TP against the residuals
     for step in range(k):
         if running.size == 0:
             break
         # where den is 0 (a dead latent against an empty residual) TP is 0 too: dividing by the smallest float scores 0
-        score = np.add.outer(beta2 * _column_sizes(residual), n_active)  # (running, L), in place from here
-        np.maximum(score, np.finfo(np.float64).tiny, out=score)
-        best = np.argmax(np.divide(counts, score, out=score), axis=1)
+        den = np.maximum(beta2 * _column_sizes(residual)[:, None] + n_active[None, :], np.finfo(np.float64).tiny)
+        best = np.argmax(counts.T / den, axis=1)  # (running, L): each attribute's scores contiguous
         gathered = by_column[:, best]
         new_hat = yhat.maximum(gathered)
         newly = residual.multiply(gathered)  # the labels the chosen latent covers that no earlier one did
@@ -322,10 +320,8 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
             chosen[attribute].append(latent)
         newly = newly[:, accept]
         residual, yhat, running = residual[:, accept] - newly, new_hat[:, accept], kept
-        if step + 1 < k and running.size:
-            counts = counts[accept]
-            covered = (newly.T.astype(np.int64) @ active64).tocoo()  # (running, L), no duplicates
-            counts[covered.row, covered.col] -= covered.data
+        if step + 1 < k and running.size:  # the next step's counts, from the fewer rows: exact either way
+            counts = counts[:, accept] - _tp_counts(active, newly) if newly.nnz < residual.nnz else _tp_counts(active, residual)
     f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
