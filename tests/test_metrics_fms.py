@@ -268,6 +268,20 @@ def test_the_drift_bound_that_carries_split_bounds_between_levels_holds() -> Non
     assert worst > -0.5  # the bound is not vacuous: somewhere it is nearly reached
 
 
+def test_entries_are_ordered_by_concept_then_rank_by_counting_sorts() -> None:
+    """The block's entries are put in (concept, rank) order once: on the CPU by two counting sorts, elsewhere by an
+    argsort; both are the argsort of the combined key, by hand and on 20,000 random distinct pairs."""
+    from pipeline.metrics.fms import _pair_order
+
+    major, minor = torch.tensor([1, 0, 1, 0, 2]), torch.tensor([0, 3, 2, 1, 0])
+    assert _pair_order(major, minor, 3, 4).tolist() == [3, 1, 0, 2, 4]  # (0, 1), (0, 3), (1, 0), (1, 2), (2, 0)
+    rng = np.random.default_rng(0)
+    key = torch.as_tensor(rng.choice(50 * 7000, size=20_000, replace=False))
+    major, minor = key // 7000, key % 7000
+    assert torch.equal(_pair_order(major, minor, 50, 7000), torch.argsort(key))
+    assert _pair_order(major[:0], minor[:0], 50, 7000).numel() == 0
+
+
 def test_memory_bounds_and_threads_change_nothing_but_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, one
     torch thread, and blocks grown side by side on three threads: the same numbers."""
