@@ -399,13 +399,17 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     r_pos, r_neg = _count_thresholds(known, pos64, neg64)
     big = float(torch.iinfo(torch.int32).max)
     out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
-    out &= upper >= (known - drift)[:, None]
+    # the carried bounds and the single-valued groups' exact splits, on the few groups the counts kept (1-7 %)
+    row, latent = torch.nonzero(out, as_tuple=True)
+    cell = row * out.shape[1] + latent
+    keep = _at(upper.view(-1), cell) >= _at(known - drift, row)
     if single is not None:
-        row, latent = torch.nonzero(out & single, as_tuple=True)
-        mp, mn = dense_pos[row, latent].to(torch.float64), dense_neg[row, latent].to(torch.float64)
+        mp, mn = _at(dense_pos.view(-1), cell).to(torch.float64), _at(dense_neg.view(-1), cell).to(torch.float64)
         p, q = _at(pos64, row), _at(neg64, row)
         exists = (mp + mn > 0) & (mp + mn < p + q)
-        out[row, latent] = exists & (torch.where(exists, _squares(mp, mn, p, q), -torch.inf) >= _at(known, row))
+        scored = exists & (torch.where(exists, _squares(mp, mn, p, q), -torch.inf) >= _at(known, row))
+        keep &= torch.where(_at(single.view(-1), cell), scored, True)
+    out.view(-1).index_fill_(0, _at(cell, _where(~keep)), False)
     return out if signed is None else out | signed
 
 
