@@ -148,6 +148,24 @@ def test_held_out_scores_streamed_in_blocks_equal_one_pass():
     assert matching_scores(codes, data, one)[0] == scores
 
 
+def test_the_betas_matched_side_by_side_on_threads_give_one_threads_scores(monkeypatch):
+    """The FBMP rules of the betas run on the process's threads (and the strongest-activation diagnostic of both
+    models): one thread or three, the same scores and coalitions."""
+    data, x, pairs = toy(n=500, seed=4)
+    model = build("pca", 4, 4, 2)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    twin = build("random_rotation", 4, 4, 2, seed=1)
+    twin.fit_init(torch.as_tensor(x[data.match_rows]))
+    settings = EvaluateSettings(cknna_max_n=200, fms_max_n=200, batch_size=64)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        results.append(concept_metrics(variant(model, data, x, pairs, None), variant(twin, data, x, pairs, None), data, settings, seed=0))
+    one, three = results
+    assert repr(one) == repr(three)  # every number (NaN where undefined: repr compares them) and coalition
+    assert one.trained.match_strongest is not None and len(one.trained.matching.fbmp) == 3
+
+
 def test_probe_stream_equals_the_probe_on_all_test_rows_at_once():
     from pipeline.metrics.probe import probe_scores
 

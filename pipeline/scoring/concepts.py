@@ -54,6 +54,7 @@ from pipeline.metrics.fms import fms
 from pipeline.metrics.matching import Matching, binarise, coalition_members, counts_f1, fbmp, member_counts, nan_mean, one_to_one, strongest, tp_counts
 from pipeline.metrics.probe import Probes, fit_probes, probe_scores
 from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
+from pipeline.metrics.threads import thread_map
 from pipeline.scoring.codes import RandomCodes
 from pipeline.scoring.options import EvaluateSettings
 from pipeline.scoring.timings import Timings
@@ -236,9 +237,14 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     in_sample: dict[tuple[float, int], float] = {}
     coalitions: dict[tuple[float, int], list[np.ndarray]] = {}  # (beta, k); one-to-one is (0, 0)
     tapas_matching = None
-    for beta in settings.betas:
+
+    def rule(beta: float) -> tuple[Matching, dict[int, float]]:
         m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks), tp=tp)
-        in_sample.update({(beta, k): score for k, score in prefix_scores(active, data.y_match, m, settings.match_ks).items()})
+        return m, prefix_scores(active, data.y_match, m, settings.match_ks)
+
+    # the betas side by side on the process's threads (scipy's sparse products and numpy's reductions free the GIL)
+    for beta, (m, prefixes) in zip(settings.betas, thread_map(rule, settings.betas)):
+        in_sample.update({(beta, k): score for k, score in prefixes.items()})
         coalitions.update({(beta, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
         if beta == settings.tapas_beta:
             tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
@@ -365,7 +371,8 @@ def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: Concep
     strong = None
     if settings.match_strongest is not None:  # the trained model and its twin only: random codes have no strength to rank
         with timings.part("matching"):
-            of_trained = replace(of_trained, match_strongest=strongest_match_score(trained, data, settings))
-            of_untrained = replace(of_untrained, match_strongest=strongest_match_score(untrained, data, settings))
+            trained_strong, untrained_strong = thread_map(lambda codes: strongest_match_score(codes, data, settings), (trained, untrained))
+            of_trained = replace(of_trained, match_strongest=trained_strong)
+            of_untrained = replace(of_untrained, match_strongest=untrained_strong)
         strong = of_trained.match_strongest - of_untrained.match_strongest
     return KindMetrics(of_trained, of_untrained, of_random, delta.fbmp[settings.tapas_beta][settings.tapas_k], delta, strong)
