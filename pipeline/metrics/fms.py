@@ -369,7 +369,8 @@ def _fixed(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sa
 
 
 def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, signed: torch.Tensor | None,
-            unclear: torch.Tensor | None, single: torch.Tensor | None, widest: int, upper: torch.Tensor, drift: torch.Tensor) -> torch.Tensor:
+            unclear: torch.Tensor | None, single: torch.Tensor | None, concept: torch.Tensor, widest: int, upper: torch.Tensor,
+            slot: torch.Tensor, drift: torch.Tensor) -> torch.Tensor:
     """bool (B, L): the (node, latent) groups of dense nodes that may hold the node's best split (module docstring):
     a group whose positive-valued rows count (mp, mn) has max(g(mp, 0), g(0, mn)) below a split the node is known
     to have (the best zero split, "rows <= 0" left, of its `_KNOWN_GROUPS` groups most enriched in each class: it
@@ -377,9 +378,11 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     split of the group sends a subset of those rows right and g(a, b) <= max(g(a, 0), g(0, b)) with g(a, 0)
     increasing in a. signed, unclear: bool (B, L) or None: groups always searched, and groups whose zero split may
     not exist. widest: rows of the largest node.
-    upper + drift: float64 (B, L) + (B,), a bound on each group's best split carried from earlier levels (`_grow`;
-    inf: none). single: bool (B, L) or None, groups of one value, whose only split (the zero split) is scored from
-    the counts: searched only when it reaches the known split."""
+    upper, slot, drift: a bound on each group's best split carried from earlier levels (`_grow`; inf: none), for row
+    i upper[slot[i]] + drift[i] (upper: the float64 (slots, L) pool; slot: int64 (B,); drift: float64 (B,)). single:
+    bool (C, L) or None by concept (row i's: concept[i], int64 (B,)), groups of one value, whose only split (the zero
+    split) is scored from the counts: searched only when it reaches the known split. Both are read only at the groups
+    the counts keep."""
     pos64, neg64 = pos.to(torch.float64), neg.to(torch.float64)
     # the zero splits of the groups most enriched in either class (a subset: any split found is a valid bound). The
     # enrichment mp N - mn P (exact: int32 while it fits) is 0 for a group with no row or every row on its positive
@@ -402,13 +405,14 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     # the carried bounds and the single-valued groups' exact splits, on the few groups the counts kept (1-7 %)
     row, latent = torch.nonzero(out, as_tuple=True)
     cell = row * out.shape[1] + latent
-    keep = _at(upper.view(-1), cell) >= _at(known - drift, row)
+    n_latents = out.shape[1]
+    keep = _at(upper.view(-1), _at(slot, row) * n_latents + latent) >= _at(known - drift, row)
     if single is not None:
         mp, mn = _at(dense_pos.view(-1), cell).to(torch.float64), _at(dense_neg.view(-1), cell).to(torch.float64)
         p, q = _at(pos64, row), _at(neg64, row)
         exists = (mp + mn > 0) & (mp + mn < p + q)
         scored = exists & (torch.where(exists, _squares(mp, mn, p, q), -torch.inf) >= _at(known, row))
-        keep &= torch.where(_at(single.view(-1), cell), scored, True)
+        keep &= torch.where(_at(single.view(-1), _at(concept, row) * n_latents + latent), scored, True)
     out.view(-1).index_fill_(0, _at(cell, _where(~keep)), False)
     return out if signed is None else out | signed
 
@@ -529,11 +533,12 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
             selected, dense_rows = None, slot_node[used]
             if used.numel():
                 concepts = node_concept[dense_rows]
-                selected = _select(pool_pos[used], pool_neg[used], node_pos[dense_rows], node_neg[dense_rows],
+                every = used.numel() == n_slots  # every slot in use (slot i at row i): the pools as they are, no copy
+                selected = _select(pool_pos if every else pool_pos[used], pool_neg if every else pool_neg[used],
+                                   node_pos[dense_rows], node_neg[dense_rows],
                                    None if fixed.signed_table is None else fixed.signed_table[concepts],
                                    None if fixed.unclear_table is None else fixed.unclear_table[concepts],
-                                   None if fixed.single_table is None else fixed.single_table[concepts], widest,
-                                   pool_upper[used], slot_drift[used])
+                                   fixed.single_table, concepts, widest, pool_upper, used, slot_drift[used])
             e_node, e_position = _level_entries(fixed, s_node, node_concept, dense_rows, selected, node_slot < 0, n_latents)
             if not e_node.numel():
                 break
