@@ -267,6 +267,18 @@ def _squares(right_pos: torch.Tensor, right_neg: torch.Tensor, pos: torch.Tensor
     return (left_pos * left_pos + left_neg * left_neg) / (left_pos + left_neg) + (right_pos * right_pos + right_neg * right_neg) / (right_pos + right_neg)
 
 
+def _zero_split(pos_side: torch.Tensor, neg_side: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                possible: torch.Tensor | None = None) -> torch.Tensor:
+    """float64: g (`_squares`) of the zero split ("rows <= 0" left) of groups whose positive-valued rows count
+    (pos_side, neg_side), in nodes of (pos, neg) rows (float64, broadcast); -inf where it does not exist: a side is
+    empty, or `possible` (bool) is False."""
+    size = pos_side + neg_side
+    exists = (size > 0) & (size < pos + neg)
+    if possible is not None:
+        exists &= possible
+    return torch.where(exists, _squares(pos_side, neg_side, pos, neg), -torch.inf)
+
+
 def _count_thresholds(bound: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The least r with g(r, 0) >= bound (a pure positive right side of r rows) and with g(0, r) >= bound, per node
     (float64 (m,) each; `bound` already relaxed). g(r, 0) >= b  <=>  r (N - P + b) >= b n - P^2 - N^2 (multiply by
@@ -394,24 +406,20 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     most = min(_KNOWN_GROUPS, dense_pos.shape[1])
     ends = torch.cat([torch.topk(side, most, dim=1).indices for side in (enrichment, -enrichment)], dim=1)
     mp, mn = torch.gather(dense_pos, 1, ends).to(torch.float64), torch.gather(dense_neg, 1, ends).to(torch.float64)
-    exists = (mp + mn > 0) & (mp + mn < (pos64 + neg64)[:, None])  # both sides of the zero split hold rows
-    if unclear is not None:
-        exists &= ~torch.gather(unclear, 1, ends)
-    known = torch.where(exists, _squares(mp, mn, pos64[:, None], neg64[:, None]), -torch.inf).amax(dim=1)
+    known = _zero_split(mp, mn, pos64[:, None], neg64[:, None], None if unclear is None else ~torch.gather(unclear, 1, ends)).amax(dim=1)
     known = known - 1e-9 * known.abs().clamp(min=1.0)  # relaxed: rounding may only add groups
     r_pos, r_neg = _count_thresholds(known, pos64, neg64)
     big = float(torch.iinfo(torch.int32).max)
     out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
     # the carried bounds and the single-valued groups' exact splits, on the few groups the counts kept (1-7 %)
-    row, latent = torch.nonzero(out, as_tuple=True)
-    cell = row * out.shape[1] + latent
     n_latents = out.shape[1]
+    row, latent = torch.nonzero(out, as_tuple=True)
+    cell = row * n_latents + latent
     keep = _at(upper.view(-1), _at(slot, row) * n_latents + latent) >= _at(known - drift, row)
     if single is not None:
         mp, mn = _at(dense_pos.view(-1), cell).to(torch.float64), _at(dense_neg.view(-1), cell).to(torch.float64)
-        p, q = _at(pos64, row), _at(neg64, row)
-        exists = (mp + mn > 0) & (mp + mn < p + q)
-        scored = exists & (torch.where(exists, _squares(mp, mn, p, q), -torch.inf) >= _at(known, row))
+        zero = _zero_split(mp, mn, _at(pos64, row), _at(neg64, row))
+        scored = (zero > -torch.inf) & (zero >= _at(known, row))
         keep &= torch.where(_at(single.view(-1), _at(concept, row) * n_latents + latent), scored, True)
     out.view(-1).index_fill_(0, _at(cell, _where(~keep)), False)
     return out if signed is None else out | signed
@@ -723,9 +731,7 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
         bound = torch.maximum(torch.where(mp > 0, _squares(mp, zero, pos, neg), -torch.inf),
                               torch.where(mn > 0, _squares(zero, mn, pos, neg), -torch.inf))
         if fixed.single_table is not None:  # one value: the zero split is the only split, scored exactly
-            size = mp + mn
-            only = torch.where((size > 0) & (size < pos + neg), _squares(mp, mn, pos, neg), -torch.inf)
-            bound = torch.where(fixed.single_table[dense_node], only, bound)
+            bound = torch.where(fixed.single_table[dense_node], _zero_split(mp, mn, pos, neg), bound)
         if fixed.signed_table is not None:
             bound = torch.where(fixed.signed_table[dense_node], torch.inf, bound)
         first = torch.zeros_like(bound, dtype=torch.bool)
@@ -734,11 +740,7 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
         groups = _group_scores(fixed, s_node, concepts, dense_node, first & (bound > -torch.inf), nothing, node_pos, node_neg, n_latents)
         # each latent's best split known so far, in the bound's form: the searched ones exactly, the others' zero split
         # ("rows <= 0" left: it exists when both sides hold rows and no positive value is within 1e-7 of 0)
-        size = mp + mn
-        exists = (size > 0) & (size < pos + neg)
-        if fixed.unclear_table is not None:
-            exists &= ~fixed.unclear_table[dense_node]
-        known = torch.where(exists, _squares(mp, mn, pos, neg), -torch.inf)
+        known = _zero_split(mp, mn, pos, neg, None if fixed.unclear_table is None else ~fixed.unclear_table[dense_node])
         row_of = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
         row_of[dense_node] = torch.arange(dense_node.numel(), device=device)
         exact = groups.proxy + _at(node_pos + node_neg, groups.node).to(torch.float64)
