@@ -4,10 +4,11 @@ exactly k = 4-sparse in a hidden orthonormal basis plus noise, 8,000 rows), ever
 oracle's (top-k in the true basis), at every noise level, side by side in one run under two recipes:
 
 - "published": the budget rule (at least 2,000 steps, lr = 0.5 / sqrt(steps) in [5e-4, 1e-2]) with each SAE as its
-  paper trains it: no resampling (`resample_every=0`; TopK-family: AuxK only) and the ReLU L0 controller aimed at k
-  exactly (`l0_slack=0`);
+  paper trains it (`pipeline.models.options.PUBLISHED`): no resampling (`resample_every=0`; TopK-family: AuxK only),
+  the ReLU L0 controller aimed at k exactly (`l0_slack=0`), JumpReLU's trained thresholds kept (`refit_thresholds=0`);
 - "defaults": the library defaults (resampling of idle latents onto the residual's principal directions in the first
-  half of training, `pipeline.models.sae.SAE`; ReLU's controller aimed 5 % above k, `pipeline.models.penalty.ReLUSAE`).
+  half of training, `pipeline.models.sae.SAE`; ReLU's controller aimed 5 % above k, `pipeline.models.penalty.ReLUSAE`;
+  JumpReLU's thresholds refitted after training, `pipeline.models.penalty.JumpReLUSAE`).
 
 Prints one line per (method, noise) with both ratios and, per recipe, how many methods end within 2x of the oracle.
 With --seeds 0,1,2 each cell is the median over data-and-model seeds (the worst seed is printed beside it).
@@ -27,12 +28,11 @@ import torch
 
 from pipeline.data.planted import planted
 from pipeline.metrics.reconstruction import fvu
+from pipeline.models.options import PUBLISHED
 from pipeline.scoring.planted import oracle_fvu
 from pipeline.training.sparse import fit_cedar, fit_sae
 
 METHODS = ["cedar", "relu", "topk", "batchtopk", "jumprelu", "matryoshka", "matryoshka_prefix"]
-#: the published recipes: options that turn this project's additions off (rotations have none)
-PUBLISHED = {"relu": {"resample_every": 0.0, "l0_slack": 0.0}, "cedar": {}}
 RECIPES = ("published", "defaults")
 
 
@@ -41,7 +41,7 @@ def ratio(method: str, recipe: str, noise: float, d: int, k: int, n: int, seed: 
     data = planted(n, d, k, noise=noise, seed=seed)
     cut = int(0.8 * n)
     train, held = data.x[:cut], data.x[cut:]
-    options = PUBLISHED.get(method, {"resample_every": 0.0}) if recipe == "published" else {}
+    options = dict(PUBLISHED.get(method, {})) if recipe == "published" else {}
     if method == "cedar":
         model = fit_cedar(train, k, seed=seed, device="cpu", **options)
     else:
