@@ -621,9 +621,9 @@ def test_refit_thresholds_by_hand(start: float) -> None:
     model = identity_model("jumprelu", k=1, l0_coef=0.005)
     with torch.no_grad():
         model.log_threshold.fill_(math.log(start))
-    theta, c = refit_thresholds(model, REFIT_ROWS, None)
+    theta, c, _ = dataclasses.astuple(refit_thresholds(model, REFIT_ROWS, None))
     assert c == pytest.approx(0.005) and theta.tolist() == pytest.approx([1.05, 0.1, start, start])
-    theta, c = refit_thresholds(model, REFIT_ROWS, 3 / 5)
+    theta, c, _ = dataclasses.astuple(refit_thresholds(model, REFIT_ROWS, 3 / 5))
     assert theta.tolist() == pytest.approx([1.05, 2.1, start, start]) and 0.01 < c <= 1.0
 
 
@@ -644,14 +644,18 @@ def test_jumprelu_finish_keeps_the_trained_thresholds_where_the_refit_would_rais
     """Three latents with the same atom, all off on rows z e0 (z = 2, 1.5, 1): each alone would lower a row's error
     (gain z^2 / 4), so the one-at-a-time refit turns all three on (thresholds 0.5), which reconstructs 3 z e0 (error
     4 z^2 against z^2): `finish` keeps the trained thresholds and the coefficient, and says so."""
-    from pipeline.models.penalty import refit_thresholds
+    from pipeline.models.penalty import jumprelu_objective, refit_thresholds
 
     model = identity_model("jumprelu", k=1, l0_coef=0.005, target_l0=False)
     with torch.no_grad():
         model.W_enc[:3] = model.W_dec[:3] = torch.tensor([1.0, 0, 0, 0])
         model.log_threshold.fill_(math.log(5.0))
     x = torch.tensor([[2.0, 0, 0, 0], [1.5, 0, 0, 0], [1.0, 0, 0, 0]])
-    assert refit_thresholds(model, x, None)[0].tolist() == pytest.approx([0.5, 0.5, 0.5, 5.0])
+    refit = refit_thresholds(model, x, None)
+    assert refit.thresholds.tolist() == pytest.approx([0.5, 0.5, 0.5, 5.0])
+    # per element: the rows' squared errors (4 + 2.25 + 1) / 12 with every code cut; 4 (...) / 12 + 3 c with all three on
+    assert refit.objective_before == pytest.approx(7.25 / 12) == jumprelu_objective(model, x, model.threshold, 0.005)
+    assert jumprelu_objective(model, x, refit.thresholds, 0.005) == pytest.approx(4 * 7.25 / 12 + 3 * 0.005)
     model.finish(x)
     assert model.threshold.tolist() == pytest.approx([5.0] * 4) and float(model.penalty_coef) == pytest.approx(0.005)
     assert "keeping the trained ones" in caplog.text
@@ -678,7 +682,7 @@ def test_refit_thresholds_hits_the_l0_target_and_lowers_every_threshold_as_the_t
         model.log_threshold.fill_(math.log(0.25))
     previous = None
     for target in (1.0, 2.0, 4.0):
-        theta, _ = refit_thresholds(model, x, target)
+        theta = refit_thresholds(model, x, target).thresholds
         l0 = float((model.pre_activations(x) > theta).sum(1).float().mean())
         assert abs(l0 - target) < 0.02, (target, l0)
         if previous is not None:
@@ -711,7 +715,7 @@ def test_refitted_thresholds_reach_the_models_own_top_k_where_the_trained_ones_s
         top = pre.topk(2, dim=1)
         top_k = ratio(torch.zeros_like(pre).scatter(1, top.indices, top.values))
         trained = ratio(model.encode(torch.as_tensor(held)))
-        model.log_threshold.copy_(refit_thresholds(model, torch.as_tensor(train), 2.0)[0].log())
+        model.log_threshold.copy_(refit_thresholds(model, torch.as_tensor(train), 2.0).thresholds.log())
         refitted = ratio(model.encode(torch.as_tensor(held)))
     assert refitted == pytest.approx(top_k, rel=1e-3) and trained > 5 * refitted, (trained, refitted, top_k)
 

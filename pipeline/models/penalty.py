@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -183,12 +184,24 @@ def rescale_gains(model: SAE, x: Tensor, iterations: int = 200, tol: float = 1e-
 REFIT_ROWS: int = 20_000
 REFIT_CANDIDATES: int = 8
 REFIT_MIN_CANDIDATES: int = 256
+#: elements of one (rows, n_latents) block of the refit's pass over the sample
+REFIT_BLOCK: int = 1 << 24
+
+
+@dataclass(frozen=True)
+class ThresholdRefit:
+    """What `refit_thresholds` found: thresholds (n_latents,), the coefficient c they are optimal for, and the
+    objective (per-element MSE + c * mean L0) of the model's current thresholds on the sample at that c."""
+
+    thresholds: Tensor
+    coef: float
+    objective_before: float
 
 
 @torch.no_grad()
-def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> tuple[Tensor, float]:
+def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> ThresholdRefit:
     """The JumpReLU thresholds that minimise the method's own objective, per-element MSE + c * mean L0, on the
-    sample x (n, d), one latent at a time with the others' codes fixed; returns ((n_latents,) thresholds, c).
+    sample x (n, d), one latent at a time with the others' codes fixed (`ThresholdRefit`).
 
     For latent i and row r, including its pre-activation z lowers the row's squared error by
     g = (2 z <e, a_i> - z^2 ||a_i||^2) / d, e the row's residual without latent i's code (a coordinate step, exact
@@ -199,7 +212,8 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     (bisection on log c; the mean L0 does not increase with c), else the model's `penalty_coef`. A latent
     best kept off everywhere keeps its threshold if it is above its largest pre-activation. Candidates per
     latent: its REFIT_CANDIDATES x (n target / n_latents) largest pre-activations (at least
-    REFIT_MIN_CANDIDATES), gathered in row blocks so memory stays O(candidates x n_latents)."""
+    REFIT_MIN_CANDIDATES), gathered in blocks of REFIT_BLOCK / n_latents rows so memory stays O((candidates + block)
+    x n_latents). The objective of the current thresholds comes from the same pass."""
     xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
     n, m, theta = xs.shape[0], model.n_latents, model.threshold
     expected = (target_l0 if target_l0 is not None else float(model.k)) * n / m
@@ -207,12 +221,14 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     norms = model.W_dec.pow(2).sum(1)
     z_top = xs.new_empty((0, m))
     g_top = xs.new_empty((0, m))
-    block = max(1, (1 << 22) // m)
-    for start in range(0, n, block):
-        rows = xs[start:start + block]
+    error = active = 0.0
+    for start in range(0, n, max(1, REFIT_BLOCK // m)):
+        rows = xs[start:start + max(1, REFIT_BLOCK // m)]
         pre = model.pre_activations(rows)
         codes = pre * (pre > theta)
         residual = rows - model.decode_scaled(codes)
+        error += float(residual.pow(2).sum())
+        active += float((codes != 0).sum())
         along = residual @ model.W_dec.T + codes * norms  # <e, a_i>: the residual without latent i's own code
         gain = torch.where(pre > 0, (2 * pre * along - pre.pow(2) * norms) / model.d, -math.inf)
         z_all, g_all = torch.cat([z_top, pre]), torch.cat([g_top, gain])
@@ -230,7 +246,7 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
         c = float(model.penalty_coef)
     else:
         low, high = 1e-12, 1e6
-        for _ in range(80):
+        for _ in range(50):  # 18 decades halved 50 times
             middle = math.sqrt(low * high)
             if float(best_counts(middle).sum()) / n > target_l0:
                 low = middle
@@ -242,7 +258,7 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     upper = z_top.gather(0, (j - 1).clamp(min=0)[None])[0]
     lower = torch.cat([z_top, z_top.new_zeros((1, m))]).gather(0, j[None])[0].clamp(min=0)
     refitted = torch.where(j > 0, (upper + lower) / 2, torch.maximum(theta, z_top[0]))
-    return refitted, c
+    return ThresholdRefit(refitted, c, error / (n * model.d) + c * active / n)
 
 
 @torch.no_grad()
@@ -250,7 +266,7 @@ def jumprelu_objective(model: JumpReLUSAE, x: Tensor, theta: Tensor, c: float) -
     """The JumpReLU objective on the sample x (n, d) with thresholds theta (n_latents,): per-element MSE in the scaled
     space + c * mean L0 (in row blocks)."""
     xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
-    block = max(1, (1 << 22) // model.n_latents)
+    block = max(1, REFIT_BLOCK // model.n_latents)
     error = active = 0.0
     for start in range(0, xs.shape[0], block):
         rows = xs[start:start + block]
@@ -435,10 +451,10 @@ class JumpReLUSAE(PenaltySAE):
         if not self.options.refit_thresholds:
             return
         x = x[:REFIT_ROWS]
-        theta, coef = refit_thresholds(self, x, self.l0_target if self.options.target_l0 else None)
-        if jumprelu_objective(self, x, theta, coef) <= jumprelu_objective(self, x, self.threshold, coef):
-            self.log_threshold.copy_(theta.log())
-            self.penalty_coef.fill_(coef)
+        refit = refit_thresholds(self, x, self.l0_target if self.options.target_l0 else None)
+        if jumprelu_objective(self, x, refit.thresholds, refit.coef) <= refit.objective_before:
+            self.log_threshold.copy_(refit.thresholds.log())
+            self.penalty_coef.fill_(refit.coef)
         else:
             log.warning("jumprelu: the refitted thresholds would raise the objective on the training sample (the latents' "
                         "codes interact); keeping the trained ones")
