@@ -644,6 +644,7 @@ def test_jumprelu_finish_keeps_the_trained_thresholds_where_the_refit_would_rais
     """Three latents with the same atom, all off on rows z e0 (z = 2, 1.5, 1): each alone would lower a row's error
     (gain z^2 / 4), so the one-at-a-time refit turns all three on (thresholds 0.5), which reconstructs 3 z e0 (error
     4 z^2 against z^2): `finish` keeps the trained thresholds and the coefficient, and says so."""
+    caplog.set_level("INFO", logger="pipeline.models.penalty")
     from pipeline.models.penalty import jumprelu_objective, refit_thresholds
 
     model = identity_model("jumprelu", k=1, l0_coef=0.005, target_l0=False)
@@ -658,7 +659,7 @@ def test_jumprelu_finish_keeps_the_trained_thresholds_where_the_refit_would_rais
     assert jumprelu_objective(model, x, refit.thresholds, 0.005) == pytest.approx(4 * 7.25 / 12 + 3 * 0.005)
     model.finish(x)
     assert model.threshold.tolist() == pytest.approx([5.0] * 4) and float(model.penalty_coef) == pytest.approx(0.005)
-    assert "keeping the trained ones" in caplog.text
+    assert "keeping the trained thresholds" in caplog.text
 
 
 def test_refit_thresholds_hits_the_l0_target_and_lowers_every_threshold_as_the_target_rises() -> None:
