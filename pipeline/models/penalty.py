@@ -222,8 +222,9 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     z_top = xs.new_empty((0, m))
     g_top = xs.new_empty((0, m))
     error = active = 0.0
-    for start in range(0, n, max(1, REFIT_BLOCK // m)):
-        rows = xs[start:start + max(1, REFIT_BLOCK // m)]
+    block = max(1, REFIT_BLOCK // m)
+    for start in range(0, n, block):
+        rows = xs[start:start + block]
         pre = model.pre_activations(rows)
         codes = pre * (pre > theta)
         residual = rows - model.decode_scaled(codes)
