@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,6 +26,17 @@ from pipeline.training.options import TrainSettings  # noqa: E402
 from tests.scratch import copy_repo, dvc, scratch_copy  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_handler_restored():
+    """A test that runs `cedar flow` or `cedar serve` in this process installs their SIGTERM handler (SystemExit
+    143, `flow.commands.exit_cleanly_on_sigterm`); put pytest's own back after it, so that SIGTERM still stops the
+    test run instead of ending whichever test is running."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
 
 COLOURS = ["red", "green", "blue", "yellow"]
 CAPTIONS = [f"a {c} thing" for c in COLOURS]
