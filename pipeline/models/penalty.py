@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -214,18 +215,13 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     latent: its REFIT_CANDIDATES x (n target / n_latents) largest pre-activations (at least
     REFIT_MIN_CANDIDATES), gathered in blocks of REFIT_BLOCK / n_latents rows so memory stays O((candidates + block)
     x n_latents). The objective of the current thresholds comes from the same pass."""
-    xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
-    n, m, theta = xs.shape[0], model.n_latents, model.threshold
+    n, m, theta = x.shape[0], model.n_latents, model.threshold
     expected = (target_l0 if target_l0 is not None else float(model.k)) * n / m
     keep = min(n, max(REFIT_MIN_CANDIDATES, math.ceil(REFIT_CANDIDATES * expected)))
     norms = model.W_dec.pow(2).sum(1)
-    z_top = xs.new_empty((0, m))
-    g_top = xs.new_empty((0, m))
+    z_top = g_top = model.W_dec.new_empty((0, m))
     error = active = 0.0
-    block = max(1, REFIT_BLOCK // m)
-    for start in range(0, n, block):
-        rows = xs[start:start + block]
-        pre = model.pre_activations(rows)
+    for rows, pre in _pre_activation_blocks(model, x):
         codes = pre * (pre > theta)
         residual = rows - model.decode_scaled(codes)
         error += float(residual.pow(2).sum())
@@ -238,7 +234,7 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     # cumulative gains of keeping the top j candidates, j = 0..keep (a row of zeros first); -inf stops a count
     # from reaching a candidate with z <= 0
     cumulative = torch.cat([g_top.new_zeros((1, m)), g_top.cumsum(0)])
-    counts = torch.arange(cumulative.shape[0], device=xs.device, dtype=cumulative.dtype)[:, None]
+    counts = torch.arange(cumulative.shape[0], device=cumulative.device, dtype=cumulative.dtype)[:, None]
 
     def best_counts(c: float) -> Tensor:  # (n_latents,) the count minimising c j - G_j (the smallest on ties)
         return (c * counts - cumulative).argmin(0)
@@ -262,20 +258,26 @@ def refit_thresholds(model: JumpReLUSAE, x: Tensor, target_l0: float | None) -> 
     return ThresholdRefit(refitted, c, error / (n * model.d) + c * active / n)
 
 
+def _pre_activation_blocks(model: JumpReLUSAE, x: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+    """The sample x (n, d) scaled, with its pre-activations, in blocks of REFIT_BLOCK / n_latents rows: (rows (b, d),
+    pre (b, n_latents)) each."""
+    xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
+    block = max(1, REFIT_BLOCK // model.n_latents)
+    for start in range(0, xs.shape[0], block):
+        rows = xs[start:start + block]
+        yield rows, model.pre_activations(rows)
+
+
 @torch.no_grad()
 def jumprelu_objective(model: JumpReLUSAE, x: Tensor, theta: Tensor, c: float) -> float:
     """The JumpReLU objective on the sample x (n, d) with thresholds theta (n_latents,): per-element MSE in the scaled
     space + c * mean L0 (in row blocks)."""
-    xs = x.to(model.W_dec.device, torch.float32) * model.input_scale
-    block = max(1, REFIT_BLOCK // model.n_latents)
     error = active = 0.0
-    for start in range(0, xs.shape[0], block):
-        rows = xs[start:start + block]
-        pre = model.pre_activations(rows)
+    for rows, pre in _pre_activation_blocks(model, x):
         kept = pre > theta
         error += float((model.decode_scaled(pre * kept) - rows).pow(2).sum())
         active += float(kept.sum())
-    return error / (xs.shape[0] * model.d) + c * active / xs.shape[0]
+    return error / (x.shape[0] * model.d) + c * active / x.shape[0]
 
 
 class ReLUSAE(PenaltySAE):
