@@ -71,6 +71,7 @@ class Project:
         self._queue: list[str] = []  # finished stages waiting to be recorded
         self._outcome: dict[str, str | None] = {}  # recorded stage -> None, or why it was not recorded
         self.commands_ran: set[str] = set()  # stages whose command ran in this flow (a retried task's earlier attempt too)
+        self.in_flight: dict[str, Any] = {}  # stage -> the Dask future of its command, until a task's attempt has its result
 
     def _locked(self):
         from dvc.repo import lock_repo
@@ -128,6 +129,11 @@ class Project:
                 stage.repo.stage_cache.restore(stage)
             except RunCacheNotFoundError:
                 stage.save_deps()
+                # Its outputs' hashes still describe the last run (dvc.lock's): with the deps now saved, a retried
+                # attempt's restore would take them for this run's and check the old outputs out (seen: a flow that
+                # lost its Prefect API recorded seed-0 outputs under seed 1 and `dvc status` called them up to date).
+                for out in stage.outs:
+                    out.clear()
                 return "run"
         self.record(name)
         return "restored"

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -64,17 +65,25 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
     run cache). Its command runs on a Dask worker offering `resources`; the stage is recorded here, in the driver.
     SubmissionError as soon as the cluster's batch system has refused a job (`submissions`)."""
     logger = get_run_logger()
-    status = project.start(stage.name)
-    if status != "run" and stage.name in project.commands_ran:
-        return "ran"  # an earlier attempt of this task ran it and lost its end (the Prefect API went away): its outputs are kept
-    if status != "run":
-        print(f"Stage '{stage.name}' {'did not change' if status == 'unchanged' else 'was restored from the run cache'}, skipping", flush=True)
-        return status
-    print(f"Running stage '{stage.name}'", flush=True)
     start = time.perf_counter()
-    future = client.submit(run_commands, stage.name, list(stage.commands), stage.wdir, str(project.root),
-                           resources=resources or None, key=f"{stage.name}-{uuid.uuid4().hex[:8]}", pure=False)
+    future = project.in_flight.get(stage.name)
+    if future is not None and future.status in ("pending", "finished"):
+        # an earlier attempt of this task ended while its command ran on (the Prefect API went away): its command is
+        # not started again beside itself, this attempt takes its result
+        print(f"Stage '{stage.name}': waiting for the command an earlier attempt started", flush=True)
+    else:
+        status = project.start(stage.name)
+        if status != "run" and stage.name in project.commands_ran:
+            return "ran"  # an earlier attempt of this task ran it and lost its end (the Prefect API went away): its outputs are kept
+        if status != "run":
+            print(f"Stage '{stage.name}' {'did not change' if status == 'unchanged' else 'was restored from the run cache'}, skipping", flush=True)
+            return status
+        print(f"Running stage '{stage.name}'", flush=True)
+        future = client.submit(run_commands, stage.name, list(stage.commands), stage.wdir, str(project.root),
+                               resources=resources or None, key=f"{stage.name}-{uuid.uuid4().hex[:8]}", pure=False)
+        project.in_flight[stage.name] = future
     outcome = result(future, submissions)
+    del project.in_flight[stage.name]
     project.commands_ran.add(stage.name)
     # Let go of the finished task before recording it: while this client holds the future, Dask keeps its result on
     # the worker that ran it, and recomputes it (running the stage's command a second time, after it was recorded)
@@ -87,15 +96,17 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
 
 
 def result(future: Any, submissions: Submissions) -> Any:
-    """The Dask future's result, waiting for it a second at a time so that a refused batch job ends the wait."""
-    from distributed import TimeoutError
+    """The Dask future's result, checking every second while it runs that the cluster's batch system has refused no
+    job (SubmissionError ends the wait).
 
-    while True:
+    The wait is a done-callback's event, not `future.result(timeout=1)` in a loop: distributed's timed wait raises
+    UnboundLocalError when its timeout's cancellation races the result (distributed 2026.8, seen under load), which
+    failed the task's attempt while its command went on running."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    while not done.wait(1):
         submissions.check()
-        try:
-            return future.result(timeout=1)
-        except TimeoutError:
-            continue
+    return future.result()
 
 
 def run_plan(plan: list[PlannedStage], project: Project, cluster: Cluster, retries: int, where: str) -> dict[str, str]:

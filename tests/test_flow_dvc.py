@@ -240,6 +240,57 @@ def test_a_failing_command_is_retried(tmp_path, capsys):
     assert out.count("Running stage 'd'") == 2 and set(lock(repo)) == {"d"}
 
 
+def test_a_task_whose_wait_fails_while_its_command_runs_takes_that_commands_result_on_retry(tmp_path, capsys, monkeypatch):
+    """The task's attempt fails while its command runs on (seen: distributed's timed wait raising, the Prefect API
+    gone): the retry waits for that command instead of removing its outputs and starting it again beside it."""
+    import flow.prefect_flow as prefect_flow
+
+    repo = toy(tmp_path, sleep=1.0)
+    wait_for = prefect_flow.result
+    failed = []
+
+    def fails_once(future, submissions):
+        if not failed:
+            failed.append(future.key)
+            raise RuntimeError("the wait broke, not the command")
+        return wait_for(future, submissions)
+
+    monkeypatch.setattr(prefect_flow, "result", fails_once)
+    code, out, err = flow(repo, "--cluster", "local", "d", capsys=capsys)
+    assert code == 0, err
+    assert out.count("Running stage 'd'") == 1 and "Stage 'd': waiting for the command an earlier attempt started" in out
+    assert [r["name"] for r in runs(repo)] == ["d"] and set(lock(repo)) == {"d"}
+    assert dvc(repo, "status", "d").strip() == "Data and pipelines are up to date."
+
+
+def test_a_retried_start_runs_the_stage_again_and_never_checks_out_the_last_runs_outputs(tmp_path):
+    """After `start` saved a stage's new deps, its outputs' hashes still describe the last run: a second `start`
+    (a retried attempt) must not take them for this run's and restore the old outputs under the new params."""
+    repo = toy(tmp_path)
+    project = Project(repo)
+    try:
+        project.plan(["d"])
+        assert project.start("d") == "run"
+        subprocess.run([sys.executable, "step.py", "d", "out/d.json", "--key", "extract"], cwd=repo, check=True)
+        project.record("d")
+    finally:
+        project.close()
+    old = (repo / "out" / "d.json").read_text()
+    set_params(repo / "params.yaml", ["extract.batch_size=3"])
+    project = Project(repo)
+    try:
+        assert [s.name for s in project.plan(["d"])] == ["d"]
+        assert project.start("d") == "run"
+        assert project.start("d") == "run" and not (repo / "out" / "d.json").exists()
+        subprocess.run([sys.executable, "step.py", "d", "out/d.json", "--key", "extract"], cwd=repo, check=True)
+        project.record("d")
+    finally:
+        project.close()
+    new = json.loads((repo / "out" / "d.json").read_text())
+    assert new["value"]["batch_size"] == 3 and json.loads(old)["value"]["batch_size"] != 3
+    assert dvc(repo, "status", "d").strip() == "Data and pipelines are up to date."
+
+
 def test_gpu_stages_go_only_to_workers_that_offer_a_gpu(tmp_path, capsys):
     """A real scheduler with one GPU worker and one CPU worker (`dask worker --resources GPU=1`); the stages that
     ask for a GPU in dvc.yaml run on the GPU worker, the others anywhere. A cluster without GPUs runs them all."""
