@@ -394,7 +394,11 @@ def open_cluster(cluster: Cluster, root: Path, where: str) -> Iterator[tuple[Any
     and shut down (workers, jobs, scheduler) on exit.
 
     The scheduler gives up on a task at the first worker that dies under it (`allowed-failures: 0`), so that the
-    flow's task, which counts retries, resubmits it (a remote `address` scheduler keeps its own setting)."""
+    flow's task, which counts retries, resubmits it (a remote `address` scheduler keeps its own setting). The local
+    workers' statistical profiler is off: on Python 3.11 its `sys._current_frames()` every 10 ms can run distributed's
+    GC callback while it holds the interpreter's thread-list lock, and a flow whose workers are threads of its own
+    process then deadlocks as soon as it starts a thread (dask/distributed#8616; seen here: a 160-stage flow hung with
+    every thread waiting for the GIL). The stages' commands run in their own processes, so the profile showed nothing."""
     import logging
 
     import dask
@@ -404,6 +408,6 @@ def open_cluster(cluster: Cluster, root: Path, where: str) -> Iterator[tuple[Any
     logging.getLogger("distributed").setLevel(logging.WARNING)  # its scheduler's and workers' news are not for the console
     if isinstance(cluster, JobqueueSettings):  # a refused job is reported once, by the flow, not by every adaptive round
         logging.getLogger("distributed.deploy").setLevel(logging.CRITICAL)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), runner:
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.profile.enabled": False}), runner:
         yield runner.client, submissions
 
