@@ -153,10 +153,16 @@ class JobqueueSettings:
         return getattr(dask_jobqueue, JOBQUEUE[self.kind])
 
     def job_kwargs(self, root: Path | None) -> dict[str, Any]:
-        """The class's keyword arguments: `--resources` added to the workers' arguments, and the job logs in
+        """The class's keyword arguments: `--resources` added to the workers' arguments, the job logs in
         `log_directory` under the project's `root` (None: no log files, for checking a script without creating
-        the folder)."""
+        the folder), and the workers' profiler turned off after the job's own prologue (`PROFILER_OFF`)."""
+        import dask
+
         kwargs = dict(self.options)
+        prologue = kwargs.get("job_script_prologue")
+        if prologue is None:
+            prologue = dask.config.get(f"jobqueue.{self.cluster_class.job_cls.config_name}.job-script-prologue", default=None) or []
+        kwargs["job_script_prologue"] = [*prologue, PROFILER_OFF]
         if self.resources:
             spec = ",".join(f"{name}={value:g}" for name, value in self.resources.items())
             kwargs["worker_extra_args"] = [*kwargs.get("worker_extra_args", []), "--resources", spec]
@@ -168,6 +174,9 @@ class JobqueueSettings:
         dask-jobqueue creates the log folder)."""
         return self.cluster_class.job_cls(SCHEDULER_PLACEHOLDER, name="dummy-name", **self.job_kwargs(root)).job_script()
 
+
+#: the batch jobs' workers run without distributed's statistical profiler (see `open_cluster`)
+PROFILER_OFF = "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"
 
 Cluster = LocalSettings | AddressSettings | JobqueueSettings
 KINDS: dict[str, type] = {"local": LocalSettings, "address": AddressSettings, **dict.fromkeys(JOBQUEUE, JobqueueSettings)}
@@ -398,7 +407,8 @@ def open_cluster(cluster: Cluster, root: Path, where: str) -> Iterator[tuple[Any
     workers' statistical profiler is off: on Python 3.11 its `sys._current_frames()` every 10 ms can run distributed's
     GC callback while it holds the interpreter's thread-list lock, and a flow whose workers are threads of its own
     process then deadlocks as soon as it starts a thread (dask/distributed#8616; seen here: a 160-stage flow hung with
-    every thread waiting for the GIL). The stages' commands run in their own processes, so the profile showed nothing."""
+    every thread waiting for the GIL). The stages' commands run in their own processes, so the profile showed nothing.
+    Batch jobs' workers get the same setting from their job script (`PROFILER_OFF`)."""
     import logging
 
     import dask

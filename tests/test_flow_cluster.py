@@ -54,6 +54,9 @@ def test_the_slurm_job_script_of_the_shipped_example_is_what_its_comments_say(tm
         assert line in lines, line
         assert line.split()[-1].replace(f"{tmp_path}/", "").replace("%J", "<job id>").split(".")[0] in (ROOT / "cluster.yaml").read_text()
     assert "--resources GPU=1" in script and "--nthreads 1" in script and "--memory-limit 32.00GiB" in script
+    worker = next(i for i, line in enumerate(lines) if "distributed.cli.dask_worker" in line)
+    assert lines[worker - 1] == "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False", "the workers' profiler off (dask/distributed#8616)"
+    assert lines[worker - 2] == "source .venv/bin/activate", "after the entry's own prologue"
     assert "/logs/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
