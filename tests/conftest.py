@@ -38,6 +38,19 @@ def _sigterm_handler_restored():
     signal.signal(signal.SIGTERM, handler)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A test that runs `cedar flow` in this process sets its Prefect defaults in os.environ (`setdefault`:
+    PREFECT_HOME in that test's project, ...); put the environment back after it, so that a later test's `cedar`
+    subprocess does not inherit them (seen: test_flow.py run after test_flow_dvc.py found no Prefect database in its
+    project)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 COLOURS = ["red", "green", "blue", "yellow"]
 CAPTIONS = [f"a {c} thing" for c in COLOURS]
 
