@@ -46,9 +46,11 @@ def _environment_restored():
     project)."""
     saved = dict(os.environ)
     yield
-    if os.environ != saved:
-        os.environ.clear()
-        os.environ.update(saved)
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 COLOURS = ["red", "green", "blue", "yellow"]
