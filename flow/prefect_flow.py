@@ -68,8 +68,8 @@ def run_stage(stage: PlannedStage, project: Project, client: Any, submissions: S
     start = time.perf_counter()
     future = project.in_flight.get(stage.name)
     if future is not None and future.status in ("pending", "finished"):
-        # an earlier attempt of this task ended while its command ran on (the Prefect API went away): its command is
-        # not started again beside itself, this attempt takes its result
+        # an earlier attempt of this task failed while its command ran on (its wait failed, not the command): the
+        # command is not started again beside itself, this attempt takes its result
         print(f"Stage '{stage.name}': waiting for the command an earlier attempt started", flush=True)
     else:
         status = project.start(stage.name)

@@ -64,8 +64,9 @@ def sleeps(processes: list[psutil.Process]) -> list[str]:
     found = []
     for process in processes:
         try:
-            if process.name() == "sleep" and process.cmdline():
-                found.append(process.cmdline()[-1])
+            command = process.cmdline() if process.name() == "sleep" else []
         except psutil.NoSuchProcess:
             continue
+        if command:
+            found.append(command[-1])
     return sorted(found)
