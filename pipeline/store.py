@@ -415,7 +415,7 @@ class Store:
                             count = int(keep.sum())
                             np.compress(keep, data, axis=0, out=gathered[filled : filled + count])
                             filled += count
-                    np.take(gathered[:filled], rng.permutation(filled), axis=0, out=shuffled[:filled])
+                    np.take(gathered[:filled], rng.permutation(filled), axis=0, out=shuffled[:filled], mode="clip")  # unbuffered
                     n_full = (filled // batch_size) * batch_size
                     for start in range(0, n_full, batch_size):
                         yield shuffled[start : start + batch_size].copy()

@@ -132,7 +132,10 @@ def load_rows(store: Store, parts: dict[str, np.ndarray], device: torch.device, 
         for name, rows in parts.items():
             lo, hi = np.searchsorted(rows, [start, start + len(block)])
             if hi > lo and host and block.dtype == np.float32:
-                np.take(block, rows[lo:hi] - start, axis=0, out=views[name][lo:hi])
+                # mode="clip": the ids are within the block by construction, and the default "raise" makes numpy
+                # gather into a temporary buffer first (1.6 s of allocation and page faults across two threads
+                # for a 490 MB split, against 0.3 s without)
+                np.take(block, rows[lo:hi] - start, axis=0, out=views[name][lo:hi], mode="clip")
             elif hi > lo and host:
                 views[name][lo:hi] = block[rows[lo:hi] - start]
             elif hi > lo:
