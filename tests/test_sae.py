@@ -161,6 +161,31 @@ def test_encode_subtracts_b_dec_and_decode_folds_the_scale_back() -> None:
     assert torch.allclose(model.decode(codes), torch.tensor([[1.0, 2.25, 0.5, 3.0]]))
 
 
+def test_sparse_decode_by_hand_folds_bias_and_scale_back() -> None:
+    model = identity_model("topk", k=1)
+    with torch.no_grad():
+        model.b_dec.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+        model.input_scale.fill_(2.0)
+    codes = torch.tensor([[0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # 1 in 12: sparse
+    expected = torch.tensor([[0.5, 2.0, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])
+    assert torch.allclose(model.decode_sparse(codes), expected)
+
+
+@pytest.mark.parametrize("method", SAE_METHODS)
+def test_sparse_decode_equals_the_dense_decode(method: str) -> None:
+    """The sparse product (k of 256 latents per row) and the dense fallback (codes with every latent active) give
+    `decode`'s reconstruction."""
+    model = build(method, 16, 256, 4, seed=0)
+    x = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+    model.fit_init(x)
+    with torch.no_grad():
+        sparse = model.encode(x[:64])
+        dense = torch.rand(8, 256, generator=torch.Generator().manual_seed(1))
+        assert 0 < int(sparse.count_nonzero()) * 8 < sparse.numel()
+        for codes in (sparse, dense):
+            assert torch.allclose(model.decode_sparse(codes), model.decode(codes), atol=1e-5)
+
+
 def test_relu_codes_and_decoder_norm_weighted_l1() -> None:
     model = identity_model("relu", l1_coef=0.1)
     with torch.no_grad():

@@ -117,6 +117,12 @@ class SparseModel(nn.Module):
         """(n, n_latents) -> (n, d) reconstruction in the original space."""
         raise NotImplementedError
 
+    def decode_sparse(self, codes: Tensor) -> Tensor:
+        """`decode` of codes (n, n_latents) with few non-zeros per row (as `encode` returns them): the same
+        reconstruction (n, d) up to float rounding. Models with a wide dictionary override it to multiply only the
+        non-zeros."""
+        return self.decode(codes)
+
     def forward(self, x: Tensor, k: int | None = None) -> Tensor:
         """Reconstruction (n, d) of x through the sparse bottleneck."""
         return self.decode(self.encode(x, k))

@@ -64,7 +64,7 @@ def encode_rows(model: SparseModel, store: Store, rows: np.ndarray, batch_size: 
             codes.append(batch_rows, half_axes(sparse_raw) if model.signed else sparse_raw)
         if not reconstruct:
             continue
-        x_hat = model.decode(raw).float().cpu().numpy()
+        x_hat = model.decode_sparse(raw).float().cpu().numpy()
         acc.update(xb, x_hat, sparse_raw)
         if on_batch is not None:
             on_batch(batch_rows, xb, x_hat)
