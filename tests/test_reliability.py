@@ -192,13 +192,18 @@ def test_a_stage_refuses_a_malformed_params_file_before_any_work(tiny_repro, tmp
 # --- SIGKILL during each long stage -----------------------------------------------------------------------------
 
 
-def repro_killed_when(repo: Path, marker: Callable[[str], bool], delay: float = 0.0, timeout: float = 600) -> str:
-    """Run `dvc repro` in `repo` and SIGKILL it (DVC and the stage it runs: the whole process group) as soon as
-    `marker(log so far)` holds, after `delay` seconds; returns the log. Fails if the run ends first."""
+HOOKS = Path(__file__).parent / "hooks"  # sitecustomize.py: pauses a training after an epoch checkpoint
+
+
+def repro_killed_when(repo: Path, marker: Callable[[str], bool], delay: float = 0.0, timeout: float = 600,
+                      extra_env: dict[str, str] | None = None) -> str:
+    """Run `dvc repro` in `repo` (with `extra_env` added to its environment) and SIGKILL it (DVC and the stage it
+    runs: the whole process group) as soon as `marker(log so far)` holds, after `delay` seconds; returns the log.
+    Fails if the run ends first."""
     log_path = repo.parent / f"repro-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env() | (extra_env or {}), stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not marker(log_path.read_text()):
         assert process.poll() is None, f"dvc repro ended before it could be killed:\n{log_path.read_text()[-3000:]}"
@@ -219,13 +224,17 @@ def exists(repo: Path, relative: str) -> Callable[[str], bool]:
     return lambda text: (repo / relative).exists()
 
 
-#: (stage, what shows it is in the middle of its work, extra seconds before the kill)
+def paused(flag: Path) -> Callable[[str], bool]:
+    return lambda text: flag.exists()
+
+
+#: (stage, what shows it is in the middle of its work, extra seconds before the kill); None: the test's own marker
 KILLS = [
     ("data", "objects rendered, writing", logged(r"objects: rendered"), 0.0),
     ("encoder", "training, after epoch 1", logged(r"embedded model epoch 1:"), 0.0),
     ("extract", "embedding, outputs half-built in store/embeddings.tmp", None, 0.0),
     ("captions", "training, after epoch 3", logged(r"caption decoder epoch 3:"), 0.0),
-    ("rotation@cedar-4", "training, after epoch 2", logged(r"cedar epoch 2:"), 0.0),
+    ("rotation@cedar-4", "training, paused by tests/hooks after its first epoch checkpoint", None, 0.0),
     ("sae@topk-32-4", "evaluating, model trained", logged(r"topk-32-4: trained in"), 0.5),
     ("planted", "benchmarking, first method done", logged(r"planted d=\d+ k=\d+ noise=\S+ cedar"), 0.0),
     ("report", "writing the report", logged(r"Running stage 'report'"), 3.0),
@@ -241,9 +250,15 @@ def test_sigkill_during_each_long_stage_then_rerun_gives_the_undisturbed_outputs
         shutil.rmtree(repo / name)
     (repo / "dvc.lock").unlink()
     logs = {}
+    flag = tmp_path / "paused"
     for stage, moment, marker, delay in KILLS:
-        marker = marker or exists(repo, "store/embeddings.tmp/images.zarr")  # extract: the first store finished, the rest pending
-        logs[stage] = repro_killed_when(repo, marker, delay)
+        extra_env = {}
+        if stage == "extract":  # the first store finished, the rest pending
+            marker = exists(repo, "store/embeddings.tmp/images.zarr")
+        if stage == "rotation@cedar-4":  # a tiny training lasts 0.05 s: a kill aimed at a log line cannot land inside it
+            marker = paused(flag)
+            extra_env = {"PYTHONPATH": str(HOOKS), "CEDAR_TEST_PAUSE_RUN": "cedar-4", "CEDAR_TEST_PAUSE_FLAG": str(flag)}
+        logs[stage] = repro_killed_when(repo, marker, delay, extra_env=extra_env)
         running = re.findall(r"Running stage '([^']+)'", logs[stage])
         assert running and running[-1] == stage, f"killed in {running[-1:]}, not in {stage} ({moment})"
     final = run_dvc(repo, "repro")
