@@ -19,6 +19,7 @@ Usage: python bench/bench_planted_start.py [--methods matryoshka,matryoshka_pref
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 from dataclasses import dataclass, replace
 
@@ -86,8 +87,7 @@ def compare(method: str, noise: float, d: int, k: int, n: int, seed: int) -> tup
     planted_atoms(start, data)
     sample = torch.as_tensor(train[: settings.init_samples])
     start.fit_init(sample)
-    untrained = build(method, d=d, dict_size=2 * d, k=k, seed=seed)  # the planted answer itself: the true offset too
-    untrained.load_state_dict(start.state_dict())
+    untrained = copy.deepcopy(start)  # the planted answer itself: the true offset too
     with torch.no_grad():
         untrained.b_dec.copy_(torch.as_tensor(data.b, dtype=torch.float32) * untrained.input_scale)
         untrained._init_sparsifier(untrained.pre_activations(sample[:THRESHOLD_SAMPLE_ROWS] * untrained.input_scale))
