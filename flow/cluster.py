@@ -408,10 +408,13 @@ def open_cluster(cluster: Cluster, root: Path, where: str) -> Iterator[tuple[Any
     GC callback while it holds the interpreter's thread-list lock, and a flow whose workers are threads of its own
     process then deadlocks as soon as it starts a thread (dask/distributed#8616; seen here: a 160-stage flow hung with
     every thread waiting for the GIL). The stages' commands run in their own processes, so the profile showed nothing.
-    Batch jobs' workers get the same setting from their job script (`PROFILER_OFF`)."""
+    Batch jobs' workers get the same setting from their job script (`PROFILER_OFF`). Every worker, the ones that join
+    later too, gets `QuietClose`: closing, it does not log distributed's heartbeat race as an error."""
     import logging
 
     import dask
+
+    from flow.worker_logs import QuietClose
 
     submissions = Submissions(where)
     runner = task_runner(cluster, root, submissions)  # imports distributed, whose defaults dask.config.set must not come before
@@ -419,5 +422,6 @@ def open_cluster(cluster: Cluster, root: Path, where: str) -> Iterator[tuple[Any
     if isinstance(cluster, JobqueueSettings):  # a refused job is reported once, by the flow, not by every adaptive round
         logging.getLogger("distributed.deploy").setLevel(logging.CRITICAL)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.profile.enabled": False}), runner:
+        runner.client.register_plugin(QuietClose())
         yield runner.client, submissions
 
