@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 #: a cluster whose scheduler answers every heartbeat 0.4 s late (they come every 0.5 s), used for a second and closed
 CLOSE_DURING_A_HEARTBEAT = """
 import asyncio, sys, time
+from contextlib import contextmanager
 from pathlib import Path
 from distributed import Client, LocalCluster
 from flow.cluster import LocalSettings, open_cluster
+
+@contextmanager
+def opened(by, processes):
+    if by == "flow":
+        with open_cluster(LocalSettings(workers=2, processes=processes, dashboard=None), Path("."), "test") as (client, _):
+            yield client
+    else:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None) as cluster, Client(cluster) as client:
+            yield client
 
 def slow_heartbeats(cluster):
     answer = cluster.scheduler.handlers["heartbeat_worker"]
@@ -33,23 +42,16 @@ def slow_heartbeats(cluster):
     cluster.scheduler.handlers["heartbeat_worker"] = late
 
 if __name__ == "__main__":
-    processes = sys.argv[2] == "processes"
-    if sys.argv[1] == "flow":
-        with open_cluster(LocalSettings(workers=2, processes=processes, dashboard=None), Path("."), "test") as (client, _):
-            slow_heartbeats(client.cluster)
-            assert client.submit(sum, [1, 2]).result() == 3
-            time.sleep(1.5)
-    else:
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None) as cluster, Client(cluster) as client:
-            slow_heartbeats(cluster)
-            assert client.submit(sum, [1, 2]).result() == 3
-            time.sleep(1.5)
+    with opened(sys.argv[1], sys.argv[2] == "processes") as client:
+        slow_heartbeats(client.cluster)
+        assert client.submit(sum, [1, 2]).result() == 3
+        time.sleep(1.5)
 """
 
 
 def close_during_a_heartbeat(tmp_path: Path, opened_by: str, workers: str) -> str:
     script = tmp_path / "close.py"
-    script.write_text(textwrap.dedent(CLOSE_DURING_A_HEARTBEAT))
+    script.write_text(CLOSE_DURING_A_HEARTBEAT)
     done = subprocess.run([sys.executable, str(script), opened_by, workers], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
