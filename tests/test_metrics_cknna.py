@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import sparse
 
 from pipeline.metrics.cknna import _knn_mask, cknna, hsic_unbiased
 
@@ -127,3 +128,34 @@ def test_masked_similarity_on_the_masks_entries_equals_the_dense_formula() -> No
         dense = hsic_unbiased(np.where(mask, k_mat, 0.0), np.where(mask, l_mat, 0.0))
         assert _masked_similarity(k_mat, l_mat, mask_k, mask_l) == pytest.approx(dense, rel=1e-12, abs=1e-15)
         assert _masked_similarity(k_mat, k_mat, mask_k, mask_k) == pytest.approx(hsic_unbiased(np.where(mask_k, k_mat, 0.0), np.where(mask_k, k_mat, 0.0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_side_computed_once_gives_cknna_against_every_other(seed: int) -> None:
+    """`knn_kernel` + `aligned` are `cknna` split in two: one side reused against several representations (dense and
+    sparse) gives exactly cknna's number for each, and the side's self-similarity is s(K, K) on its own mask."""
+    from pipeline.metrics.cknna import aligned, knn_kernel
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(60, 8))
+    side = knn_kernel(x, 5)
+    assert side.self_similarity == pytest.approx(hsic_unbiased(np.where(side.mask, x @ x.T, 0.0), np.where(side.mask, x @ x.T, 0.0)), rel=1e-12)
+    for other in (rng.normal(size=(60, 3)), np.maximum(x @ rng.normal(size=(8, 20)), 0.0), x):
+        assert aligned(knn_kernel(other, 5), side) == cknna(other, x, k=5, max_n=None)
+        codes = sparse.csr_array(np.round(other * 4) / 4)  # binary fractions: the sparse kernel is exact
+        assert aligned(knn_kernel(codes, 5), side) == cknna(codes.toarray(), x, k=5, max_n=None)
+    assert aligned(side, side) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_sides_of_other_items_or_another_k_are_refused() -> None:
+    from pipeline.metrics.cknna import aligned, knn_kernel
+
+    x = np.random.default_rng(0).normal(size=(20, 4))
+    with pytest.raises(ValueError, match="same items"):
+        aligned(knn_kernel(x, 3), knn_kernel(x[:19], 3))
+    with pytest.raises(ValueError, match="same k"):
+        aligned(knn_kernel(x, 3), knn_kernel(x, 4))
+    with pytest.raises(ValueError, match="codes: CKNNA needs at least 4 rows"):
+        knn_kernel(x[:3], 1, "codes")
+    with pytest.raises(ValueError, match="k:"):
+        knn_kernel(x, 20)

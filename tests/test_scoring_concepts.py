@@ -191,3 +191,29 @@ def test_the_probes_are_fitted_on_a_seeded_subsample_of_at_most_probe_max_n_matc
     every = fit_family_probes(data, seed=0, max_n=len(data.match_rows))
     assert not torch.equal(every.weight, expected.weight)
     assert torch.equal(fit_family_probes(data, seed=0, max_n=10**6).weight, every.weight)
+
+
+def test_cknna_of_every_variant_against_the_embeddings_read_and_kerneled_once():
+    """The embeddings' side of CKNNA is computed once per kind and shared by the trained, untrained and random codes:
+    each variant's CKNNA is exactly `cknna` of its pool codes (the seeded subsample of cknna_max_n rows) against the
+    embeddings of those rows, and the embeddings are read once."""
+    from dataclasses import replace
+
+    from pipeline.metrics.cknna import cknna, cknna_subsample
+
+    data, x, pairs = toy(n=600, seed=5)
+    reads = []
+    data = replace(data, embeddings=lambda rows: reads.append(len(rows)) or x[rows])
+    model = build("pca", 4, 4, 2)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    twin = build("random_rotation", 4, 4, 2, seed=1)
+    twin.fit_init(torch.as_tensor(x[data.match_rows]))
+    settings = EvaluateSettings(cknna_max_n=150, cknna_k=5, fms_max_n=200, batch_size=64)
+    trained, untrained = variant(model, data, x, pairs, None), variant(twin, data, x, pairs, None)
+    result = concept_metrics(trained, untrained, data, settings, seed=3)
+    assert reads == [150]
+    near = data.pool_rows[cknna_subsample(len(data.pool_rows), 150, 3)]
+    frequency = np.bincount(binarise(trained.match.codes(data.match_rows)).indices, minlength=8) / len(data.match_rows)
+    for got, codes in ((result.trained, trained), (result.untrained, untrained), (result.random, random_variant(frequency, 3))):
+        assert got.cknna == cknna(codes.test.codes(near), x[near], k=5, max_n=None)
+    assert result.trained.cknna != result.untrained.cknna

@@ -25,8 +25,10 @@ when s(K, K) s(L, L) <= 0 the result is NaN (logged) instead of a silently shrun
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 from scipy import sparse
 
 from pipeline.metrics.csr import is_sparse, to_csr
@@ -68,12 +70,17 @@ def _knn_mask(kernel: np.ndarray, k: int) -> np.ndarray:
     """(n, n) bool: True at the k largest off-diagonal entries of each row (ties: lower index)."""
     scores = kernel.copy()
     np.fill_diagonal(scores, -np.inf)
-    # the k-th largest value of each row by a partition (O(n) per row, not a sort), then every larger entry and, of
-    # the entries equal to it, the lowest-indexed ones that complete k: what a stable sort's first k would keep
-    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
+    # the k-th largest value of each row (torch's top-k: a value, so how it breaks ties does not matter; several times
+    # faster than numpy's partition), then every larger entry and, of the entries equal to it, the lowest-indexed
+    # ones that complete k: what a stable sort's first k would keep
+    kth = torch.topk(torch.from_numpy(scores), k, dim=1).values[:, k - 1 :].numpy()
     mask = scores > kth
     tied = scores == kth
-    mask |= tied & (np.cumsum(tied, axis=1) <= k - mask.sum(axis=1, keepdims=True))
+    room = k - mask.sum(axis=1, keepdims=True)
+    crowded = np.flatnonzero(tied.sum(axis=1) > room[:, 0])  # rows where more entries equal the k-th than fit
+    mask |= tied
+    if crowded.size:
+        mask[crowded] &= (scores[crowded] > kth[crowded]) | (np.cumsum(tied[crowded], axis=1) <= room[crowded])
     return mask
 
 
@@ -116,6 +123,46 @@ def cknna_subsample(n: int, max_n: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False)).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class KnnKernel:
+    """One representation's side of CKNNA over n items, reusable against every other representation of the same items
+    (e.g. the embeddings against the codes of several models): kernel float64 (n, n), the linear kernel; mask bool
+    (n, n), each row's k nearest neighbours under it; k; self_similarity, s(K, K) on its own mask."""
+
+    kernel: np.ndarray
+    mask: np.ndarray
+    k: int
+    self_similarity: float
+
+
+def knn_kernel(x: Rows, k: int = 10, name: str = "x") -> KnnKernel:
+    """The CKNNA side of x (n, dim), a numeric array or a scipy.sparse matrix (all its rows: subsample first), with k
+    neighbours per row, 1 <= k <= n - 1. `name` names x in errors."""
+    _check(name, x)
+    n = x.shape[0]
+    if n < 4:
+        raise ValueError(f"{name}: CKNNA needs at least 4 rows, got {n}")
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= n - 1:
+        raise ValueError(f"k: expected an int in [1, {n - 1}] (n - 1 neighbours exist), got {k!r}")
+    kernel = _gram(to_csr(name, x) if is_sparse(x) else x)
+    mask = _knn_mask(kernel, k)
+    return KnnKernel(kernel, mask, int(k), _masked_similarity(kernel, kernel, mask, mask))
+
+
+def aligned(a: KnnKernel, b: KnnKernel) -> float:
+    """CKNNA of two sides of the same n items with the same k: s(K, L) / sqrt(s(K, K) s(L, L)), NaN (logged) when
+    the self-similarity product is not positive."""
+    if a.kernel.shape != b.kernel.shape:
+        raise ValueError(f"b: a kernel over {b.kernel.shape[0]} items where a has {a.kernel.shape[0]}; both must be the same items")
+    if a.k != b.k:
+        raise ValueError(f"b: {b.k} neighbours per row where a has {a.k}; both sides must use the same k")
+    denom = a.self_similarity * b.self_similarity
+    if not denom > 0.0:
+        logger.warning("cknna: self-similarity product %.3g is not positive; returning NaN", denom)
+        return Undefined(f"self-similarity product {denom:.3g} is not positive (constant codes or embeddings)")
+    return float(_masked_similarity(a.kernel, b.kernel, a.mask, b.mask) / np.sqrt(denom))
+
+
 def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0) -> float:
     """CKNNA between two representations of the same items.
 
@@ -127,6 +174,7 @@ def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0
     subsampling). max_n: when n > max_n, a random subset of max_n rows (the same for a and b,
     drawn with `seed`) is used, because the metric is O(n^2) in time and memory; None = all rows.
     Returns a float in [-1, 1] in practice (NaN when a self-similarity is not positive).
+    `knn_kernel` and `aligned` are its two halves, for a side that is compared with several others.
     """
     _check("a", a)
     _check("b", b)
@@ -134,24 +182,7 @@ def cknna(a: Rows, b: Rows, k: int = 10, max_n: int | None = 2000, seed: int = 0
         raise ValueError(f"b: expected {a.shape[0]} rows like a, got shape {b.shape}")
     if max_n is not None and (not isinstance(max_n, (int, np.integer)) or max_n < 4):
         raise ValueError(f"max_n: expected None or an int >= 4, got {max_n!r}")
-    n = a.shape[0]
-    if max_n is not None and n > max_n:
-        rows = cknna_subsample(n, max_n, seed)
+    if max_n is not None and a.shape[0] > max_n:
+        rows = cknna_subsample(a.shape[0], max_n, seed)
         a, b = _rows(a, rows), _rows(b, rows)
-        n = max_n
-    if n < 4:
-        raise ValueError(f"a: CKNNA needs at least 4 rows, got {n}")
-    if not isinstance(k, (int, np.integer)) or not 1 <= k <= n - 1:
-        raise ValueError(f"k: expected an int in [1, {n - 1}] (n - 1 neighbours exist), got {k!r}")
-    k_mat = _gram(to_csr("a", a) if is_sparse(a) else a)
-    l_mat = _gram(to_csr("b", b) if is_sparse(b) else b)
-    mask_k = _knn_mask(k_mat, k)
-    mask_l = _knn_mask(l_mat, k)
-    s_kl = _masked_similarity(k_mat, l_mat, mask_k, mask_l)
-    s_kk = _masked_similarity(k_mat, k_mat, mask_k, mask_k)
-    s_ll = _masked_similarity(l_mat, l_mat, mask_l, mask_l)
-    denom = s_kk * s_ll
-    if not denom > 0.0:
-        logger.warning("cknna: self-similarity product %.3g is not positive; returning NaN", denom)
-        return Undefined(f"self-similarity product {denom:.3g} is not positive (constant codes or embeddings)")
-    return float(s_kl / np.sqrt(denom))
+    return aligned(knn_kernel(a, k, "a"), knn_kernel(b, k, "b"))

@@ -48,7 +48,7 @@ import numpy as np
 from scipy import sparse
 
 from pipeline.data.dataset import sample_rows
-from pipeline.metrics.cknna import cknna, cknna_subsample
+from pipeline.metrics.cknna import KnnKernel, aligned, cknna_subsample, knn_kernel
 from pipeline.metrics.csr import column_counts
 from pipeline.metrics.fms import fms
 from pipeline.metrics.matching import Matching, binarise, coalition_members, counts_f1, fbmp, member_counts, nan_mean, one_to_one, strongest, tp_counts
@@ -328,7 +328,24 @@ def tapas_scores(before: sparse.csr_array, after: sparse.csr_array, data: Concep
     return TapasScores(tapascore(before, after, data.pairs_added, data.pairs_removed, coalitions, empty), per_family)
 
 
-def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int, timings: Timings | None = None) -> VariantMetrics:
+@dataclass(frozen=True)
+class CknnaSide:
+    """The embeddings' side of CKNNA for one kind, shared by every variant's codes: near, int64 (m,) positions in
+    `ConceptData.pool_rows` (the seeded subsample of at most `cknna_max_n`); embedded, their kernel and kNN mask."""
+
+    near: np.ndarray
+    embedded: KnnKernel
+
+
+def cknna_side(data: ConceptData, settings: EvaluateSettings, seed: int) -> CknnaSide:
+    near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
+    return CknnaSide(near, knn_kernel(data.embeddings(data.pool_rows[near]), settings.cknna_k, "embeddings"))
+
+
+def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int, side: CknnaSide,
+                    timings: Timings | None = None) -> VariantMetrics:
+    """Every concept metric of one variant's codes; `side`: the embeddings' CKNNA side (`cknna_side`, the same for
+    every variant of the kind, computed once)."""
     timings = timings or Timings()
     with timings.part("matching"):
         scores, matching = matching_scores(codes, data, settings)
@@ -344,8 +361,7 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
         fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels,
                          exhausted=settings.fms_exhausted, device=metrics_device(settings.device))
     with timings.part("cknna"):
-        near = cknna_subsample(len(data.pool_rows), settings.cknna_max_n, seed)
-        similarity = cknna(pool[near], data.embeddings(data.pool_rows[near]), k=settings.cknna_k, max_n=None)
+        similarity = aligned(knn_kernel(pool[side.near], settings.cknna_k, "codes"), side.embedded)
     return VariantMetrics(
         matching=scores, match_score=scores.fbmp[settings.tapas_beta][settings.tapas_k].match, tapas=tapas, delta_stay=stay,
         cknna=similarity, fms=fms_result.fms, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
@@ -364,9 +380,11 @@ def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: Concep
     their seconds go to `timings`."""
     timings = timings or Timings()
     frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
-    of_trained = variant_metrics(trained, data, settings, seed, timings)
-    of_untrained = variant_metrics(untrained, data, settings, seed, timings)
-    of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, timings)
+    with timings.part("cknna"):
+        side = cknna_side(data, settings, seed)
+    of_trained = variant_metrics(trained, data, settings, seed, side, timings)
+    of_untrained = variant_metrics(untrained, data, settings, seed, side, timings)
+    of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, side, timings)
     delta = of_trained.matching.delta(of_untrained.matching)
     strong = None
     if settings.match_strongest is not None:  # the trained model and its twin only: random codes have no strength to rank
