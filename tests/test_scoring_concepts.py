@@ -200,6 +200,7 @@ def test_cknna_of_every_variant_against_the_embeddings_read_and_kerneled_once():
     from dataclasses import replace
 
     from pipeline.metrics.cknna import cknna, cknna_subsample
+    from pipeline.metrics.csr import column_counts
 
     data, x, pairs = toy(n=600, seed=5)
     reads = []
@@ -213,7 +214,7 @@ def test_cknna_of_every_variant_against_the_embeddings_read_and_kerneled_once():
     result = concept_metrics(trained, untrained, data, settings, seed=3)
     assert reads == [150]
     near = data.pool_rows[cknna_subsample(len(data.pool_rows), 150, 3)]
-    frequency = np.bincount(binarise(trained.match.codes(data.match_rows)).indices, minlength=8) / len(data.match_rows)
+    frequency = column_counts(binarise(trained.match.codes(data.match_rows))) / len(data.match_rows)
     for got, codes in ((result.trained, trained), (result.untrained, untrained), (result.random, random_variant(frequency, 3))):
         assert got.cknna == cknna(codes.test.codes(near), x[near], k=5, max_n=None)
     assert result.trained.cknna != result.untrained.cknna
