@@ -58,6 +58,15 @@ def test_fbmp_hand_computed_with_early_stop_tie_and_empty_attribute() -> None:
     assert result.score == pytest.approx(17 / 24, abs=1e-15)
     assert fbmp(active, labels, beta=0.5, k=1).coalitions[0].tolist() == [0]
     assert delta_match_score(result, one_to_one(active, labels)) == pytest.approx(17 / 24 - 2 / 3, abs=1e-15)
+    # the coalitions' prefixes: attribute 0 is 4/6 after l0, 3/4 after l1 (and stays: l4 was rejected); attribute 1 is
+    # 2/3 from its first latent on
+    np.testing.assert_allclose(result.prefix_f1, [[4 / 6, 2 / 3, np.nan], [0.75, 2 / 3, np.nan], [0.75, 2 / 3, np.nan]], rtol=0, atol=1e-15)
+    first = result.truncated(1)
+    assert [c.tolist() for c in first.coalitions] == [[0], [2], []] and first.score == pytest.approx((4 / 6 + 2 / 3) / 2, abs=1e-15)
+    with pytest.raises(ValueError, match="k: expected 1 <= k <= 3"):
+        result.truncated(4)
+    with pytest.raises(ValueError, match="k: expected 1 <= k <= 3"):
+        result.truncated(0)
 
 
 def _reference_fbmp(active: np.ndarray, labels: np.ndarray, beta: float, k: int) -> list[list[int]]:
@@ -106,6 +115,15 @@ def test_fbmp_equals_brute_force_reference(beta: float, k: int) -> None:
             continue
         pred = active[:, coalition].any(axis=1)
         assert result.f1[a] == pytest.approx(f1_score(labels[:, a], pred, zero_division=0.0), abs=1e-12)
+        for j in range(k):  # the prefixes' F1, each against scikit-learn's
+            pred = active[:, coalition[: j + 1]].any(axis=1)
+            assert result.prefix_f1[j, a] == pytest.approx(f1_score(labels[:, a], pred, zero_division=0.0), abs=1e-12)
+    for smaller in range(1, k + 1):  # greedy: FBMP with a smaller k is the prefix, scores included
+        prefix, direct = result.truncated(smaller), fbmp(active, labels, beta=beta, k=smaller)
+        assert [c.tolist() for c in prefix.coalitions] == [c.tolist() for c in direct.coalitions]
+        np.testing.assert_array_equal(prefix.f1, direct.f1)
+        np.testing.assert_array_equal(prefix.prefix_f1, direct.prefix_f1)
+        assert prefix.score == direct.score
 
 
 def test_fbmp_at_least_one_to_one_on_random_data() -> None:
@@ -119,6 +137,7 @@ def test_fbmp_at_least_one_to_one_on_random_data() -> None:
         o2o = one_to_one(active, labels)
         assert [c.tolist() for c in first.coalitions] == [c.tolist() for c in o2o.coalitions]
         np.testing.assert_array_equal(first.f1, o2o.f1)
+        np.testing.assert_array_equal(first.prefix_f1, o2o.prefix_f1)
 
 
 def test_sparse_counts_equal_the_dense_product() -> None:

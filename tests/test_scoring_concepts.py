@@ -19,19 +19,8 @@ from pipeline.scoring.concepts import (
     concept_metrics,
     fit_family_probes,
     matching_scores,
-    prefix_scores,
     random_variant,
 )
-
-
-def test_prefix_scores_equal_fbmp_with_smaller_k():
-    rng = np.random.default_rng(0)
-    active = rng.random((300, 20)) < 0.2
-    labels = rng.random((300, 4)) < 0.3
-    full = fbmp(active, labels, beta=0.5, k=5)
-    scores = prefix_scores(active, labels, full, (1, 2, 3, 5))
-    for k in (1, 2, 3, 5):
-        assert scores[k] == pytest.approx(fbmp(active, labels, beta=0.5, k=k).score)
 
 
 def test_random_codes_follow_the_given_frequencies_and_do_not_depend_on_what_else_is_read():
@@ -144,6 +133,8 @@ def test_held_out_scores_streamed_in_blocks_equal_one_pass():
         m = fbmp(active_match, data.y_match, beta=beta, k=max(settings.match_ks))
         for k in settings.match_ks:
             assert scores.fbmp[beta][k].test == nan_mean(coalition_f1(active_test, y_test, [c[:k] for c in m.coalitions]))
+            # in-sample: FBMP's own score with that k (the largest k's running counts, no second pass)
+            assert scores.fbmp[beta][k].match == fbmp(active_match, data.y_match, beta=beta, k=k).score
     one = dataclasses.replace(settings, batch_size=10_000)
     assert matching_scores(codes, data, one)[0] == scores
 

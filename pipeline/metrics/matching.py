@@ -124,11 +124,22 @@ class Matching:
     coalitions: per attribute, int64 latent indices in selection order (one for one-to-one).
     f1: (n_attributes,) float64, F1 of the OR of the coalition against the attribute labels.
     score: mean of f1 (MATCHScore, unweighted over attributes).
+    prefix_f1: (k, n_attributes) float64, row j the F1 of the OR of each coalition's first j + 1 latents (the whole
+    coalition where it is shorter; its last row is `f1`): FBMP is greedy, so its coalitions for a smaller k are these
+    prefixes, and their in-sample scores come free (`truncated`).
     """
 
     coalitions: list[np.ndarray]
     f1: np.ndarray
     score: float
+    prefix_f1: np.ndarray
+
+    def truncated(self, k: int) -> "Matching":
+        """The matching of the coalitions' first `k` latents (1 <= k <= len(prefix_f1)): FBMP's with that k."""
+        if not 1 <= k <= len(self.prefix_f1):
+            raise ValueError(f"k: expected 1 <= k <= {len(self.prefix_f1)} (the coalition size this matching was fitted with), got {k!r}")
+        f1 = self.prefix_f1[k - 1]
+        return Matching([c[:k] for c in self.coalitions], f1, nan_mean(f1), self.prefix_f1[:k])
 
 
 def _check_active(active: Active) -> sparse.csr_array:
@@ -252,6 +263,7 @@ def one_to_one(active: Active, labels: np.ndarray, tp: np.ndarray | None = None)
         coalitions=[np.array([latent] if ok else [], dtype=np.int64) for latent, ok in zip(best, defined)],
         f1=best_f1,
         score=nan_mean(best_f1),
+        prefix_f1=best_f1[None, :],
     )
 
 
@@ -296,8 +308,11 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     residual = sparse.csc_array(labels[:, running])
     yhat = sparse.csc_array((labels.shape[0], running.size), dtype=bool)
     counts = _given_tp(tp, active, labels)[:, running]  # (L, running): TP against the residuals
+    prefix_f1 = np.full((k, n_attr), np.nan)  # stays NaN only where no attribute is defined
     for step in range(k):
         if running.size == 0:
+            if step:
+                prefix_f1[step:] = prefix_f1[step - 1]  # every coalition is complete
             break
         # where den is 0 (a dead latent against an empty residual) TP is 0 too: dividing by the smallest float scores 0
         den = np.maximum(beta2 * _column_sizes(residual)[:, None] + n_active[None, :], np.finfo(np.float64).tiny)
@@ -320,13 +335,16 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
             chosen[attribute].append(latent)
         newly = newly[:, accept]
         residual, yhat, running = residual[:, accept] - newly, new_hat[:, accept], kept
+        # the coalitions of step + 1 latents (or fewer, where rejected): their F1 from the running counts
+        prefix_f1[step] = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
         if step + 1 < k and running.size:  # the next step's counts, from the fewer rows: exact either way
             counts = counts[:, accept] - _tp_counts(active, newly) if newly.nnz < residual.nnz else _tp_counts(active, residual)
-    f1 = np.where(defined, _f1_from_counts(tp_hat, n_true, n_hat), np.nan)
+    f1 = prefix_f1[-1]
     return Matching(
         coalitions=[np.array(c, dtype=np.int64) for c in chosen],
         f1=f1,
         score=nan_mean(f1),
+        prefix_f1=prefix_f1,
     )
 
 

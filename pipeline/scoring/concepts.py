@@ -222,13 +222,6 @@ def blocks(rows: np.ndarray, size: int) -> list[np.ndarray]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def prefix_scores(active: sparse.csr_array, labels: np.ndarray, matching: Matching, ks: tuple[int, ...]) -> dict[int, float]:
-    """MATCHScore of the first-k prefix of every coalition, for each k (one product for every k)."""
-    members = coalition_members([[c[:k] for c in matching.coalitions] for k in ks], active.shape[1], labels.shape[1])
-    counts = member_counts(active, labels, members)
-    return {k: nan_mean(counts_f1(rule, warn=i == 0)) for i, (k, rule) in enumerate(zip(ks, counts))}
-
-
 def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings) -> tuple[MatchingScores, Matching]:
     """MATCHScores (in-sample and held-out) for every rule; returns them and the TAPAS matching. The held-out
     scores stream over the test rows in blocks, summing each rule's coalition counts (`member_counts`)."""
@@ -237,17 +230,17 @@ def matching_scores(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
     in_sample: dict[tuple[float, int], float] = {}
     coalitions: dict[tuple[float, int], list[np.ndarray]] = {}  # (beta, k); one-to-one is (0, 0)
     tapas_matching = None
+    largest = max(settings.match_ks)
 
-    def rule(beta: float) -> tuple[Matching, dict[int, float]]:
-        m = fbmp(active, data.y_match, beta=beta, k=max(settings.match_ks), tp=tp)
-        return m, prefix_scores(active, data.y_match, m, settings.match_ks)
-
-    # the betas side by side on the process's threads (scipy's sparse products and numpy's reductions free the GIL)
-    for beta, (m, prefixes) in zip(settings.betas, thread_map(rule, settings.betas)):
-        in_sample.update({(beta, k): score for k, score in prefixes.items()})
-        coalitions.update({(beta, k): [c[:k] for c in m.coalitions] for k in settings.match_ks})
-        if beta == settings.tapas_beta:
-            tapas_matching = Matching([c[: settings.tapas_k] for c in m.coalitions], m.f1, m.score)
+    # the betas side by side on the process's threads (scipy's sparse products and numpy's reductions free the GIL);
+    # each k's coalitions are the first k latents of the largest k's, their in-sample scores FBMP's running counts
+    fitted = thread_map(lambda beta: fbmp(active, data.y_match, beta=beta, k=largest, tp=tp), settings.betas)
+    for beta, m in zip(settings.betas, fitted):
+        for k in settings.match_ks:
+            prefix = m.truncated(k)
+            in_sample[(beta, k)], coalitions[(beta, k)] = prefix.score, prefix.coalitions
+        if beta == settings.tapas_beta and settings.tapas_k <= largest:
+            tapas_matching = m.truncated(settings.tapas_k)
     o = one_to_one(active, data.y_match, tp=tp)
     coalitions[(0.0, 0)] = o.coalitions
     members = coalition_members(list(coalitions.values()), active.shape[1], data.y_match.shape[1])  # every rule: one product per block
