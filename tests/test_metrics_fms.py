@@ -333,6 +333,27 @@ def test_thread_map_keeps_the_order_on_any_number_of_threads() -> None:
     assert thread_map(lambda i: i, [], 4) == []
 
 
+def test_thread_map_workers_share_the_budget_and_leave_the_callers_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker's torch operations get budget // jobs threads (at least one); the caller keeps its own count."""
+    import threading
+
+    from pipeline.metrics.threads import thread_map
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    before = torch.get_num_threads()
+    barrier = threading.Barrier(2)  # both items on their own worker at once
+
+    def seen(_: int) -> int:
+        barrier.wait(timeout=10)
+        return torch.get_num_threads()
+
+    assert thread_map(seen, range(2)) == [2, 2], "2 workers of a budget of 4: 2 threads each"
+    assert thread_map(seen, range(2), 2) == [2, 2]
+    assert thread_map(lambda _: torch.get_num_threads(), range(3), 3) == [1, 1, 1], "4 // 3"
+    assert thread_map(lambda _: torch.get_num_threads(), range(8), 8) == [1] * 8, "never fewer than one"
+    assert torch.get_num_threads() == before
+
+
 def test_bad_inputs_raise_clear_errors() -> None:
     codes = np.ones((8, 3))
     y = np.array([1, 0] * 4, dtype=bool)

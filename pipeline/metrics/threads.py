@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import torch
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -26,10 +28,16 @@ def available_threads() -> int:
 
 def thread_map(function: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
     """[function(item) for item in items], in order, on `jobs` threads (default `available_threads()`; one: no
-    pool). Worth it where `function` spends its time without the GIL (scipy's sparse products)."""
+    pool). Worth it where `function` spends its time without the GIL (scipy's sparse products, torch's operations).
+
+    The workers share the budget: each one's torch operations run on `available_threads() // jobs` threads (at least
+    one; torch's thread count is per calling thread, so the caller's is unchanged). Left at the budget, every worker
+    would start that many threads for each operation, more than there are cores: FMS's two blocks on 2 cores
+    took 4.4 s instead of 3.9-4.3 s (bench/bench_evaluate.py's TopK cell)."""
     items = list(items)
     jobs = min(available_threads() if jobs is None else jobs, len(items))
     if jobs <= 1:
         return [function(item) for item in items]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    share = max(1, available_threads() // jobs)
+    with ThreadPoolExecutor(max_workers=jobs, initializer=torch.set_num_threads, initargs=(share,)) as pool:
         return list(pool.map(function, items))
