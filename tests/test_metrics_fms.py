@@ -373,3 +373,23 @@ def test_bad_inputs_raise_clear_errors() -> None:
         fms(codes, y, exhausted="zero")
     with pytest.raises(ValueError, match="codes"):
         fms(np.ones(8), y)
+
+
+def test_blocks_are_one_per_thread_of_about_equal_entries_and_cut_only_at_the_bounds() -> None:
+    from pipeline.metrics.fms import _blocks
+
+    # filling each block up to half the total (10) would leave a third one: [4, 4], [4, 4], [3]
+    assert [b.tolist() for b in _blocks(np.array([4, 4, 4, 4, 3]), 2, 1000, 100)] == [[0, 1], [2, 3, 4]]
+    sizes = np.array([5, 5, 5, 5, 5, 6])
+    assert [b.tolist() for b in _blocks(sizes, 2, 1000, 100)] == [[0, 1, 2], [3, 4, 5]]
+    assert [b.tolist() for b in _blocks(sizes, 3, 1000, 100)] == [[0, 1], [2, 3], [4, 5]]
+    assert [b.tolist() for b in _blocks(sizes, 2, 10, 100)] == [[0, 1], [2], [3, 4], [5]], "at most 10 entries a block"
+    assert [b.tolist() for b in _blocks(sizes, 1, 1000, 2)] == [[0, 1], [2, 3], [4, 5]], "at most 2 concepts a block"
+    assert [b.tolist() for b in _blocks(np.array([100, 1, 1]), 2, 50, 100)] == [[0], [1, 2]], "a concept above the limit alone"
+    assert _blocks(np.zeros(0, np.int64), 2, 10, 10) == []
+    # every index once, in order, whatever the sizes
+    rng = np.random.default_rng(0)
+    for parts in (1, 2, 3, 5):
+        sizes = rng.integers(1, 50, size=37)
+        blocks = _blocks(sizes, parts, 10**9, 10**9)
+        assert np.concatenate(blocks).tolist() == list(range(37)) and len(blocks) <= parts
