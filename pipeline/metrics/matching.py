@@ -286,7 +286,8 @@ def fbmp(active: Active, labels: np.ndarray, beta: float = 0.5, k: int = 3, tp: 
     `TP / (beta^2 |r| + |active_l|)` (F_beta without its constant factor (1 + beta^2), same argmax), gathers the
     winning latent's column for every attribute at once (from a CSC copy of the codes), updates the predictions
     with a sparse OR and the residuals with a sparse AND NOT, and keeps only the accepted columns. Only a list
-    append per attribute runs in Python; nothing of size (n, A) or (n, L) is ever dense.
+    append per attribute runs in Python; nothing of size (n, A) or (n, L) is ever dense. After each step the F1 of every
+    coalition so far is kept (`Matching.prefix_f1`): the scores of FBMP with any smaller k, at no extra product.
     """
     active, defined = _check_inputs(active, labels)
     if not (isinstance(beta, (int, float, np.floating)) and np.isfinite(beta) and beta > 0):
