@@ -35,9 +35,10 @@ def thread_map(function: Callable[[T], R], items: Iterable[T], jobs: int | None 
     would start that many threads for each operation, more than there are cores: FMS's two blocks on 2 cores
     took 4.4 s instead of 3.9-4.3 s (bench/bench_evaluate.py's TopK cell)."""
     items = list(items)
-    jobs = min(available_threads() if jobs is None else jobs, len(items))
+    budget = available_threads()
+    jobs = min(budget if jobs is None else jobs, len(items))
     if jobs <= 1:
         return [function(item) for item in items]
-    share = max(1, available_threads() // jobs)
+    share = max(1, budget // jobs)
     with ThreadPoolExecutor(max_workers=jobs, initializer=torch.set_num_threads, initargs=(share,)) as pool:
         return list(pool.map(function, items))
