@@ -217,6 +217,11 @@ def test_coalition_indices_are_checked_not_wrapped_or_truncated():
     labels = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=bool)
     with pytest.raises(ValueError, match=r"coalitions\[0\]: latent indices must be in \[0, 3\), got -1"):
         coalition_f1(active, labels, [np.array([-1]), np.array([2])])
+    # the bounds are checked over every coalition at once; the message still names the culprit
+    with pytest.raises(ValueError, match=r"coalitions\[1\]: latent indices must be in \[0, 3\), got 1..3"):
+        coalition_f1(active, labels, [np.array([0, 2]), np.array([1, 3])])
+    with pytest.raises(ValueError, match=r"coalitions\[1\]: latent indices must be in \[0, 3\), got 0..18446744073709551615"):
+        coalition_f1(active, labels, [np.array([0]), np.array([0, 2**64 - 1], dtype=np.uint64)])
     with pytest.raises(TypeError, match=r"coalitions\[1\]: expected a 1-D array of integer latent indices, got float64"):
         coalition_f1(active, labels, [np.array([0]), np.array([3.7])])
     with pytest.raises(ValueError, match="one per attribute"):

@@ -102,18 +102,20 @@ def strongest(codes: Codes, k: int) -> sparse.csr_array:
 
 
 def check_coalitions(coalitions: list[np.ndarray], n_latents: int, n_attributes: int) -> list[np.ndarray]:
-    """The coalitions as int64 arrays, checked: one per attribute, 1-D, integer dtype, every index in [0, n_latents)."""
+    """The coalitions as int64 arrays, checked: one per attribute, 1-D, integer dtype, every index in [0, n_latents)
+    (the bounds checked once over all of them: TAPAScore checks a rule's coalitions for every family)."""
     if not isinstance(coalitions, (list, tuple)) or len(coalitions) != n_attributes:
         got = len(coalitions) if isinstance(coalitions, (list, tuple)) else type(coalitions).__name__
         raise ValueError(f"coalitions: expected one per attribute ({n_attributes}), got {got}")
-    out = []
-    for a, coalition in enumerate(coalitions):
-        index = np.asarray(coalition)
+    given = [np.asarray(coalition) for coalition in coalitions]
+    for a, index in enumerate(given):
         if index.size and (index.ndim != 1 or index.dtype.kind not in "iu"):
             raise TypeError(f"coalitions[{a}]: expected a 1-D array of integer latent indices, got {index.dtype} {index.shape}")
-        if index.size and (index.min() < 0 or index.max() >= n_latents):
-            raise ValueError(f"coalitions[{a}]: latent indices must be in [0, {n_latents}), got {index.min()}..{index.max()}")
-        out.append(index.astype(np.int64).reshape(-1))
+    out = [index.astype(np.int64, copy=False).reshape(-1) for index in given]
+    every = np.concatenate(out) if out else np.zeros(0, np.int64)
+    if every.size and (every.min() < 0 or every.max() >= n_latents):
+        a, index = next((a, index) for a, index in enumerate(given) if index.size and (index.min() < 0 or index.max() >= n_latents))
+        raise ValueError(f"coalitions[{a}]: latent indices must be in [0, {n_latents}), got {index.min()}..{index.max()}")
     return out
 
 

@@ -329,12 +329,12 @@ class ReLUSAE(PenaltySAE):
     coef_name = "l1_coef"
     Options = ReLUOptions
 
-    def _init_sparsifier(self, pre: Tensor) -> None:
+    def _init_sparsifier(self, xs: Tensor) -> None:
         """With `target_l0`: shift `b_enc` so each latent is positive on about a k/n_latents fraction of
         the sample (about k active per row), so the controller starts at its target instead of at the
         ~n_latents/2 of a zero bias, a distance the encoder would need most of a short run to cover."""
         if self.options.target_l0:
-            self.b_enc.sub_(column_quantile(pre, self.k))
+            self.b_enc.sub_(column_quantile(self.pre_activations(xs), self.k))
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
         return F.relu(pre)
@@ -431,8 +431,8 @@ class JumpReLUSAE(PenaltySAE):
         """Rectangle-kernel width on the scaled pre-activations: bandwidth * sqrt(d)."""
         return self.options.bandwidth * math.sqrt(self.d)
 
-    def _init_sparsifier(self, pre: Tensor) -> None:
-        self.log_threshold.copy_(column_quantile(pre, self.k).clamp_min(self.kernel_width).log())
+    def _init_sparsifier(self, xs: Tensor) -> None:
+        self.log_threshold.copy_(column_quantile(self.pre_activations(xs), self.k).clamp_min(self.kernel_width).log())
 
     def _reset_latents(self, latents: Tensor, atoms: Tensor) -> None:
         """As `SAE._reset_latents`, and the moved latents' thresholds become the median of the others'."""

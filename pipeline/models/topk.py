@@ -96,8 +96,8 @@ class BatchTopKSAE(TopKSAE):
         super().__init__(d, n_latents, k, **options)
         self.register_buffer("threshold", torch.zeros(()))
 
-    def _init_sparsifier(self, pre: Tensor) -> None:
-        _, smallest = batch_topk_codes(F.relu(pre), self.k)
+    def _init_sparsifier(self, xs: Tensor) -> None:
+        _, smallest = batch_topk_codes(F.relu(self.pre_activations(xs)), self.k)
         self.threshold.fill_(float(smallest) if torch.isfinite(smallest) else 0.0)
 
     def _sparsify(self, pre: Tensor, k: int) -> Tensor:
