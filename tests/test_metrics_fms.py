@@ -282,6 +282,39 @@ def test_entries_are_ordered_by_concept_then_rank_by_counting_sorts() -> None:
     assert _pair_order(major[:0], minor[:0], 50, 7000).numel() == 0
 
 
+def test_root_counts_are_each_concepts_class_counts_of_positive_values() -> None:
+    """The dense roots' counts (segmented sums over the fixed order's runs) equal, per concept with a slot and latent,
+    its positive and negative rows whose value is > 0 (negative values and zeros not counted), counted by hand in
+    numpy; a concept without a slot leaves the pools alone."""
+    from pipeline.metrics.fms import _fixed, _root_counts
+
+    rng = np.random.default_rng(7)
+    n_concepts, n_latents, n_samples = 5, 9, 60
+    concept = np.sort(rng.integers(0, n_concepts, n_samples))
+    concept[:n_concepts] = np.arange(n_concepts)
+    concept.sort()
+    positive = rng.random(n_samples) < 0.5
+    values = np.where(rng.random((n_samples, n_latents)) < 0.4, rng.normal(size=(n_samples, n_latents)), 0.0)
+    sample, latent = np.nonzero(values)  # grouped by sample, in sample order
+    value = values[sample, latent]
+    rank = np.empty(value.size, dtype=np.int64)
+    rank[np.lexsort((value, latent))] = np.arange(value.size)  # (latent, value) order
+    fixed = _fixed(torch.as_tensor(concept), torch.as_tensor(positive), torch.as_tensor(sample), torch.as_tensor(latent),
+                   torch.as_tensor(value), torch.as_tensor(rank), n_samples, n_latents)
+    slot = torch.tensor([2, -1, 0, 3, 1])  # concept 1 has no slot
+    pool_pos, pool_neg = torch.zeros((4, n_latents), dtype=torch.int32), torch.zeros((4, n_latents), dtype=torch.int32)
+    _root_counts(fixed, slot, pool_pos, pool_neg)
+    expected_pos, expected_neg = np.zeros((4, n_latents), np.int64), np.zeros((4, n_latents), np.int64)
+    for c, s in enumerate(slot.tolist()):
+        if s >= 0:
+            mine = concept == c
+            expected_pos[s] = ((values[mine & positive] > 0)).sum(axis=0)
+            expected_neg[s] = ((values[mine & ~positive] > 0)).sum(axis=0)
+    np.testing.assert_array_equal(pool_pos.numpy(), expected_pos)
+    np.testing.assert_array_equal(pool_neg.numpy(), expected_neg)
+    assert expected_pos.sum() > 0 and expected_neg.sum() > 0 and (values < 0).any()
+
+
 def test_memory_bounds_and_threads_change_nothing_but_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Concepts grown in blocks of a few entries, nodes searched through their entries instead of dense counts, one
     torch thread, and blocks grown side by side on three threads: the same numbers."""

@@ -415,8 +415,9 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
     # the carried bounds and the single-valued groups' exact splits, on the few groups the counts kept (1-7 %)
     n_latents = out.shape[1]
-    row, latent = torch.nonzero(out, as_tuple=True)
-    cell = row * n_latents + latent
+    cell = _where(out.view(-1))
+    row = torch.div(cell, n_latents, rounding_mode="floor")
+    latent = cell - row * n_latents
     keep = _at(upper.view(-1), _at(slot, row) * n_latents + latent) >= _at(known - drift, row)
     if single is not None:
         mp, mn = _at(dense_pos.view(-1), cell).to(torch.float64), _at(dense_neg.view(-1), cell).to(torch.float64)
@@ -468,7 +469,9 @@ def _level_entries(fixed: _Fixed, s_node: torch.Tensor, node_concept: torch.Tens
     for the `direct` nodes (bool (N,)) all of their rows' entries."""
     parts_node, parts_position = [], []
     if selected is not None:
-        row, latent = torch.nonzero(selected, as_tuple=True)
+        cell = _where(selected.view(-1))
+        row = torch.div(cell, n_latents, rounding_mode="floor")
+        latent = cell - row * n_latents
         node = _at(dense_node, row)
         ok = _where(node >= 0)
         latent, node = _at(latent, ok), _at(node, ok)
@@ -529,7 +532,7 @@ def _grow(sample_concept: torch.Tensor, sample_positive: torch.Tensor, entry_sam
     # slot's drift grows with the rows its node loses (`_drift`), for the largest groups counted when it was filled
     pool_upper = torch.full((n_slots, n_latents), torch.inf, dtype=torch.float64, device=device)
     slot_drift = torch.zeros(n_slots, dtype=torch.float64, device=device)
-    _add_counts(fixed, torch.arange(n_samples, device=device), node_slot[sample_concept], pool_pos, pool_neg, 1)
+    _root_counts(fixed, node_slot, pool_pos, pool_neg)
     slot_most_pos, slot_most_neg = pool_pos.amax(dim=1), pool_neg.amax(dim=1)
     chain, best = _rank_chain(fixed, dense_roots, pool_pos[: dense_roots.numel()], pool_neg[: dense_roots.numel()], s_node, node_pos,
                               node_neg, n_concepts, n_latents, n_chain)  # best: the roots' splits, the first level's
@@ -668,6 +671,25 @@ def _add_counts(fixed: _Fixed, samples: torch.Tensor, slot: torch.Tensor, pool_p
         chosen = _where(mask)
         pool.view(-1).index_add_(0, _at(flat, chosen), torch.full((chosen.numel(),), sign, dtype=torch.int32, device=flat.device))
     return flat
+
+
+def _root_counts(fixed: _Fixed, concept_slot: torch.Tensor, pool_pos: torch.Tensor, pool_neg: torch.Tensor) -> None:
+    """The roots' class counts: slot concept_slot[c] (int64 (C,), -1: none) of the zeroed pools (int32 (slots, L))
+    gets, per latent, the positive and negative rows of concept c with a positive value on it. What `_add_counts`
+    adds for every row, as segmented sums over the (concept, latent) runs of the fixed order (no entry gathered by
+    row: 0.13-0.15 s -> 0.044 s on the 3.6 M entries of the bench TopK cell's codes, one thread)."""
+    n_latents = pool_pos.shape[1]
+    slot = _at(concept_slot, torch.div(fixed.run_key, n_latents, rounding_mode="floor"))
+    keep = _where(slot >= 0)
+    cell = _at(slot, keep) * n_latents + _at(fixed.run_key % n_latents, keep)
+    start = _at(fixed.run_start, keep)
+    end = start + _at(fixed.run_length, keep)
+    up = fixed.value > 0
+    cls = _at(fixed.positive, fixed.sample)
+    for pool, mask in ((pool_pos, up & cls), (pool_neg, up & ~cls)):
+        total = torch.zeros(mask.numel() + 1, dtype=torch.int64, device=mask.device)
+        torch.cumsum(mask, 0, out=total[1:])
+        pool.view(-1).index_copy_(0, cell, (_at(total, end) - _at(total, start)).to(pool.dtype))
 
 
 def _ranked(node: torch.Tensor, latent: torch.Tensor, proxy: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
