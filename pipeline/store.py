@@ -203,35 +203,39 @@ class StoreWriter:
         self._buffer.append(batch.astype(self.dtype, copy=False))
         self._buffered += len(batch)
         if self._buffered >= self.chunk_rows:
-            self._flush(whole_chunks_only=True)
+            self._flush(last=False)
 
-    def _flush(self, whole_chunks_only: bool) -> None:
+    def _flush(self, last: bool) -> None:
+        """Write the buffered whole chunks (last: every buffered row). The array grows a chunk ahead while rows come;
+        the last write sizes it exactly and leaves the `rows_committed` marker to `finalize`'s one metadata write
+        (an interruption before it resumes from the previous marker, rewriting only that tail)."""
         if not self._buffered:
             return
         data = np.concatenate(self._buffer)
-        n = (len(data) // self.chunk_rows) * self.chunk_rows if whole_chunks_only else len(data)
+        n = len(data) if last else (len(data) // self.chunk_rows) * self.chunk_rows
         if n == 0:
             return
         start, stop = self.rows_committed, self.rows_committed + n
         if self.array.shape[0] < stop:
-            grow = max(stop, self.array.shape[0] + self.chunk_rows)
+            grow = stop if last else max(stop, self.array.shape[0] + self.chunk_rows)
             self.array.resize((grow, *self.row_shape))
         self.array[start:stop] = data[:n]
         self.rows_committed = stop
-        self.array.attrs["rows_committed"] = stop  # durable marker written after the chunk data
+        if not last:
+            self.array.attrs["rows_committed"] = stop  # durable marker written after the chunk data
         rest = data[n:]
         self._buffer = [rest] if len(rest) else []
         self._buffered = len(rest)
 
     def finalize(self, extra_attrs: dict[str, Any] | None = None) -> "Store":
         """Write what is buffered, trim to length, mark complete and rename into place."""
-        self._flush(whole_chunks_only=False)
+        self._flush(last=True)
         if self.expected_rows is not None and self.rows_committed != self.expected_rows:
             raise StoreError(f"{self.path}: {self.rows_committed} rows written, {self.expected_rows} expected")
         if self.array.shape[0] != self.rows_committed:
             self.array.resize((self.rows_committed, *self.row_shape))
         # no timestamp: the same inputs must give byte-identical stores (DVC and the flow compare hashes)
-        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed})
+        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed, "rows_committed": self.rows_committed})
         replace_dir(self.tmp, self.path)
         return open_store(self.path)
 

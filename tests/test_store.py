@@ -45,6 +45,30 @@ def test_resume_continues_from_last_complete_chunk(tmp_path):
     np.testing.assert_array_equal(resumed.finalize().read(), rows(14))
 
 
+def test_an_interruption_inside_finalize_resumes_from_the_last_marked_chunk(tmp_path):
+    """finalize's last write leaves the rows_committed marker to its one metadata update: stopped between the two,
+    the partial store resumes from the last whole chunk marked before, and the tail written after it is rewritten."""
+    path = tmp_path / "x.zarr"
+    crashed = StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4)
+    crashed.append(rows(10))
+    flush = crashed._flush
+
+    def interrupted(last: bool) -> None:
+        flush(last)
+        raise KeyboardInterrupt
+
+    crashed._flush = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        crashed.finalize()  # the 2 tail rows are written, the marker still says 8
+    del crashed
+    resumed = StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=4)
+    assert resumed.n_rows == 8
+    resumed.append(rows(6, start=8) + 0.5)  # different tail rows: they must replace what the interrupted write left
+    store = resumed.finalize()
+    np.testing.assert_array_equal(store.read(), np.concatenate([rows(8), rows(6, start=8) + 0.5]))
+    assert store.shape == (14, 3) and store.attrs["rows_committed"] == store.attrs["n_rows"] == 14
+
+
 def test_partial_store_from_other_inputs_is_discarded(tmp_path):
     path = tmp_path / "x.zarr"
     StoreWriter(path, (3,), np.float32, fingerprint={"v": 1}, chunk_rows=2).append(rows(4))
