@@ -1,7 +1,7 @@
 """Benchmark: the evaluate stage of one cell against encoding its rows with the same model, side by side in one run.
 
     python bench/bench_evaluate.py [--n 20000] [--d 768] [--dict 4096] [--k 32] [--steps 200] [--batch 256]
-                                   [--device auto] [--workdir DIR] [--reuse]
+                                   [--device auto] [--workdir DIR] [--reuse] [--repeat 1]
 
 A synthetic project (the `synthetic` source: --n embeddings of dimension --d, 28 one-hot families of 11 values =
 308 planted concepts; evaluate at the defaults but `ks: [k]`) with a TopK SAE cell (--dict latents, k) and a CEDAR
@@ -16,12 +16,16 @@ cell (d axes, k), each trained --steps steps. For each cell, in this one process
   timings file it writes;
 - `encode` again, so that a change of machine load during the run shows.
 
+With `--repeat N`, the evaluation and the encoding after it run N times (each evaluation between two encodings, its
+ratio against their mean): on a shared machine whose speed drifts by 10-20 % within minutes, one ratio is one draw.
+
 The linear probes are not a cell's work: the probes stage fits them once per dataset for every cell of a sweep
 (`stages.probes`). It runs once before the cells, and its seconds are printed on a line of their own.
 
-Output: one JSON line for the probes stage, then one per cell: seconds of both encodings, of the stage and of each
-timed part, and `ratio` = evaluate / mean encode (the issue's goal: <= 5 on 2 CPU cores). Threads: whatever torch and BLAS get from the
-environment (OMP_NUM_THREADS=2 for "2 cores").
+Output: one JSON line for the probes stage, then one per cell: seconds of every encoding and evaluation, each timed
+part of the first evaluation, and `ratio` = the first evaluation / the mean of the encodings around it (the issue's
+goal: <= 5 on 2 CPU cores); with --repeat, every evaluation's ratio, their median, and each part's median seconds.
+Threads: whatever torch and BLAS get from the environment (OMP_NUM_THREADS=2 for "2 cores").
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def bare_encode(models: list[Any], x: np.ndarray, batch_size: int, device: torch
     return time.perf_counter() - start
 
 
-def measure(root: Path, device: torch.device) -> None:
+def measure(root: Path, device: torch.device, repeat: int = 1) -> None:
     from pipeline.data.dataset import open_dataset
     from pipeline.models.checkpoint import load_model
     from pipeline.scoring.cell_evaluation import concept_data, untrained_twin
@@ -118,19 +122,26 @@ def measure(root: Path, device: torch.device) -> None:
         rows = np.concatenate([data.rows("test"), match])
         x = store.take(np.sort(rows)).astype(np.float32)
         bare_encode([model, twin], x[: p.evaluate.batch_size], p.evaluate.batch_size, device)  # warm-up
-        before = bare_encode([model, twin], x, p.evaluate.batch_size, device)
-        shutil.rmtree(layout.codes(cell.name), ignore_errors=True)  # the evaluation encodes everything, as the first time
-        sync(device)
-        start = time.perf_counter()
-        evaluate.run(p, layout, cell)
-        sync(device)
-        stage = time.perf_counter() - start
-        after = bare_encode([model, twin], x, p.evaluate.batch_size, device)
-        timings_path = layout.run_timings(cell.name)
-        timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
-        print(json.dumps({"cell": cell.name, "device": device_name(device), "threads": torch.get_num_threads(), "rows_encoded": 2 * len(x),
-                          "encode_s": [round(before, 2), round(after, 2)], "evaluate_s": round(stage, 2),
-                          "ratio": round(stage / ((before + after) / 2), 2), "timings": timings}), flush=True)
+        encodes = [bare_encode([model, twin], x, p.evaluate.batch_size, device)]
+        stages, ratios, timings = [], [], []
+        for _ in range(repeat):  # evaluate, then encode again: each evaluation between two encodings
+            shutil.rmtree(layout.codes(cell.name), ignore_errors=True)  # the evaluation encodes everything, as the first time
+            sync(device)
+            start = time.perf_counter()
+            evaluate.run(p, layout, cell)
+            sync(device)
+            stages.append(time.perf_counter() - start)
+            encodes.append(bare_encode([model, twin], x, p.evaluate.batch_size, device))
+            ratios.append(stages[-1] / ((encodes[-2] + encodes[-1]) / 2))
+            timings_path = layout.run_timings(cell.name)
+            timings.append(json.loads(timings_path.read_text()) if timings_path.exists() else {})
+        record = {"cell": cell.name, "device": device_name(device), "threads": torch.get_num_threads(), "rows_encoded": 2 * len(x),
+                  "encode_s": [round(e, 2) for e in encodes], "evaluate_s": [round(e, 2) for e in stages], "ratio": round(ratios[0], 2),
+                  "timings": timings[0]}
+        if repeat > 1:
+            record.update(ratios=[round(r, 2) for r in ratios], ratio_median=round(float(np.median(ratios)), 2),
+                          timings_median={part: round(float(np.median([t.get(part, np.nan) for t in timings])), 3) for part in timings[0]})
+        print(json.dumps(record), flush=True)
 
 
 def main() -> None:
@@ -144,12 +155,15 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (training and evaluation)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--reuse", action="store_true", help="keep a project of the same params already in --workdir (trained models too)")
+    parser.add_argument("--repeat", type=int, default=1, help="evaluations per cell, each between two encodings (ratio: the first; ratio_median: all)")
     args = parser.parse_args()
     device = resolve_device(args.device)
     args.device = str(device)
     start = time.perf_counter()
     root = project(args, args.workdir or Path(tempfile.mkdtemp(prefix="bench_evaluate-")))
-    measure(root, device)
+    if args.repeat < 1:
+        parser.error(f"--repeat: expected >= 1, got {args.repeat}")
+    measure(root, device, args.repeat)
     print(f"bench_evaluate: {time.perf_counter() - start:.0f} s in all", file=sys.stderr)
 
 
