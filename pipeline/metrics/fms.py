@@ -169,6 +169,14 @@ def _where(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask).squeeze(1)
 
 
+def _cells(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The True cells of a contiguous bool (B, L) `mask`, int64 (m,) each: flat index row * L + column, row, column
+    (one flat nonzero: faster than nonzero's row and column tuple on the CPU)."""
+    cell = _where(mask.view(-1))
+    row = torch.div(cell, mask.shape[1], rounding_mode="floor")
+    return cell, row, cell - row * mask.shape[1]
+
+
 def _candidates(node: torch.Tensor, latent: torch.Tensor, value: torch.Tensor, positive: torch.Tensor,
                 node_pos: torch.Tensor, node_neg: torch.Tensor) -> tuple[_Candidates, int]:
     """Every split of every node over every latent, from the nodes' non-zero entries.
@@ -415,9 +423,7 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     out = (dense_pos >= r_pos.clamp(max=big).to(torch.int32)[:, None]) | (dense_neg >= r_neg.clamp(max=big).to(torch.int32)[:, None])
     # the carried bounds and the single-valued groups' exact splits, on the few groups the counts kept (1-7 %)
     n_latents = out.shape[1]
-    cell = _where(out.view(-1))
-    row = torch.div(cell, n_latents, rounding_mode="floor")
-    latent = cell - row * n_latents
+    cell, row, latent = _cells(out)
     keep = _at(upper.view(-1), _at(slot, row) * n_latents + latent) >= _at(known - drift, row)
     if single is not None:
         mp, mn = _at(dense_pos.view(-1), cell).to(torch.float64), _at(dense_neg.view(-1), cell).to(torch.float64)
@@ -469,9 +475,7 @@ def _level_entries(fixed: _Fixed, s_node: torch.Tensor, node_concept: torch.Tens
     for the `direct` nodes (bool (N,)) all of their rows' entries."""
     parts_node, parts_position = [], []
     if selected is not None:
-        cell = _where(selected.view(-1))
-        row = torch.div(cell, n_latents, rounding_mode="floor")
-        latent = cell - row * n_latents
+        _, row, latent = _cells(selected)
         node = _at(dense_node, row)
         ok = _where(node >= 0)
         latent, node = _at(latent, ok), _at(node, ok)
