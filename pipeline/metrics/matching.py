@@ -191,9 +191,11 @@ def nan_mean(values: np.ndarray) -> float:
 
 
 #: targets at least this dense (true entries / (rows x columns)) take the dense product: it costs every active entry
-#: times every target column, but at ~1 ns per multiply-add against ~30 ns per matched pair of the sparse product
-#: (measured at 120 k x 16,384 codes, k = 32, 312 attributes: 1.4 s instead of 3.2 s), so it wins above ~4 %
-DENSE_TARGETS = 0.04
+#: times every target column, the sparse product every matched (latent, target) pair. Measured on 2 cores, random
+#: k = 32 codes, 312 targets, both ways (bench/bench_fbmp.py's sizes, 120 k x 16,384): sparse 0.28 s against dense
+#: 0.42 s at 1 %, 0.42 against 0.33 s at 2 %, 1.05 against 0.36 s at 4 %; at 16 k x 4,096, 25 against 25 ms at 1 %,
+#: 45 against 25 ms at 2 %. (Before threaded dense blocks the crossing was ~4 %.)
+DENSE_TARGETS = 0.015
 #: rows per block of the dense product: its float32 copy of the targets stays a few tens of MB
 _BLOCK_ROWS = 32_768
 
