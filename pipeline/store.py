@@ -7,8 +7,8 @@ Writing (`StoreWriter`):
 - rows are appended in batches of any size and written in whole chunks; the number of rows
   durably written (`rows_committed`, a multiple of the chunk length) is recorded after each
   chunk, so a killed writer resumes from its last complete chunk;
-- everything happens in a `<name>.partial` sibling; `finalize()` trims the array, marks it
-  complete and renames it into place, so a finished-looking store is always a complete one;
+- everything happens in a `<name>.partial` sibling; `finalize()` (or `close()`, which does not reopen it) trims the
+  array, marks it complete and renames it into place, so a finished-looking store is always a complete one;
 - a partial store whose `fingerprint` (what it is computed from: inputs and params) differs
   from the new writer's is discarded rather than resumed.
 
@@ -116,6 +116,11 @@ class StoreWriter:
     (the array is preallocated; otherwise it grows chunk by chunk). fingerprint: JSON-able
     description of the inputs; a partial store is resumed only if it matches. compress: zstd-compress the chunks
     (None: unless the rows are floats, see the module docstring).
+
+    The array is created when its first whole chunk is written; a store finished before that (fewer rows than
+    `chunk_rows`: code sets, labels, small embedding sets) is one chunk of exactly its rows. zarr stores an edge
+    chunk at full size, so a 2 MiB chunk would otherwise hold the zeros of the rows it lacks on disk (an
+    uncompressed code set of 1,000 pairs: 2 MiB for 128 KB of values).
     """
 
     def __init__(
@@ -139,9 +144,10 @@ class StoreWriter:
         self.fingerprint = json.loads(json.dumps(fingerprint))
         self._buffer: list[np.ndarray] = []
         self._buffered = 0
-        compress = self.dtype.kind != "f" if compress is None else compress
-        self.array = self._open_or_create(attrs or {}, compress).with_config({"write_empty_chunks": True})
-        self.rows_committed = self._intact_rows(int(self.array.attrs["rows_committed"]))
+        self.attrs = attrs or {}
+        self.compress = self.dtype.kind != "f" if compress is None else compress
+        self.array: zarr.Array | None = self._resumable()
+        self.rows_committed = self._intact_rows(int(self.array.attrs["rows_committed"])) if self.array is not None else 0
         if self.rows_committed:
             log.info("%s: resuming after %d rows already written", self.path, self.rows_committed)
 
@@ -155,7 +161,9 @@ class StoreWriter:
                 return index * self.chunk_rows
         return committed
 
-    def _open_or_create(self, attrs: dict[str, Any], compress: bool) -> zarr.Array:
+    def _resumable(self) -> zarr.Array | None:
+        """The partial store of the same inputs and layout left by an interrupted writer, or None (any other partial
+        store is deleted)."""
         if self.tmp.exists():
             try:
                 array = zarr.open_array(LocalStore(self.tmp), mode="r+")
@@ -165,26 +173,29 @@ class StoreWriter:
                     and np.dtype(array.dtype) == self.dtype
                     and array.chunks[0] == self.chunk_rows
                     and _checksummed(array)
-                    and _compressed(array) == compress
+                    and _compressed(array) == self.compress
                 )
             except Exception as e:  # a partial store too broken to open is simply restarted
                 log.warning("%s: unreadable partial store (%s); starting over", self.tmp, e)
                 same = False
             if same:
-                return array
+                return array.with_config({"write_empty_chunks": True})
             log.info("%s: partial store is from other inputs; starting over", self.tmp)
             shutil.rmtree(self.tmp)
+        return None
+
+    def _create(self, rows: int) -> zarr.Array:
+        """The new partial store's array: `rows` rows (the expected length when known) in chunks of `chunk_rows`."""
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
-        initial = self.expected_rows or 0
         return zarr.create_array(
             store=LocalStore(self.tmp),
-            shape=(initial, *self.row_shape),
+            shape=(rows, *self.row_shape),
             chunks=(self.chunk_rows, *self.row_shape),
             dtype=self.dtype,
-            compressors=[BloscCodec(cname="zstd", clevel=3), Crc32cCodec()] if compress else [Crc32cCodec()],
+            compressors=[BloscCodec(cname="zstd", clevel=3), Crc32cCodec()] if self.compress else [Crc32cCodec()],
             fill_value=0,
-            attributes={**attrs, "fingerprint": self.fingerprint, "rows_committed": 0, "complete": False},
-        )
+            attributes={**self.attrs, "fingerprint": self.fingerprint, "rows_committed": 0, "complete": False},
+        ).with_config({"write_empty_chunks": True})
 
     @property
     def n_rows(self) -> int:
@@ -207,7 +218,7 @@ class StoreWriter:
 
     def _flush(self, last: bool) -> None:
         """Write the buffered whole chunks (last: every buffered row). The array grows a chunk ahead while rows come;
-        the last write sizes it exactly and leaves the `rows_committed` marker to `finalize`'s one metadata write
+        the last write sizes it exactly and leaves the `rows_committed` marker to `close`'s one metadata write
         (an interruption before it resumes from the previous marker, rewriting only that tail)."""
         if not self._buffered:
             return
@@ -216,6 +227,8 @@ class StoreWriter:
         if n == 0:
             return
         start, stop = self.rows_committed, self.rows_committed + n
+        if self.array is None:
+            self.array = self._create(max(stop, self.expected_rows or 0))
         if self.array.shape[0] < stop:
             grow = stop if last else max(stop, self.array.shape[0] + self.chunk_rows)
             self.array.resize((grow, *self.row_shape))
@@ -227,17 +240,26 @@ class StoreWriter:
         self._buffer = [rest] if len(rest) else []
         self._buffered = len(rest)
 
-    def finalize(self, extra_attrs: dict[str, Any] | None = None) -> "Store":
-        """Write what is buffered, trim to length, mark complete and rename into place."""
+    def close(self, extra_attrs: dict[str, Any] | None = None) -> Path:
+        """Write what is buffered, trim to length, mark complete and rename into place; returns the store's path.
+        The final attributes are one metadata write (zarr's `attrs.update` writes the metadata once per key)."""
+        if self.array is None:  # not a whole chunk written: one chunk of exactly the rows
+            self.chunk_rows = max(1, self._buffered)
+            self.array = self._create(self._buffered)
         self._flush(last=True)
         if self.expected_rows is not None and self.rows_committed != self.expected_rows:
             raise StoreError(f"{self.path}: {self.rows_committed} rows written, {self.expected_rows} expected")
         if self.array.shape[0] != self.rows_committed:
             self.array.resize((self.rows_committed, *self.row_shape))
         # no timestamp: the same inputs must give byte-identical stores (DVC and the flow compare hashes)
-        self.array.attrs.update({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed, "rows_committed": self.rows_committed})
+        self.array = self.array.update_attributes({**(extra_attrs or {}), "complete": True, "n_rows": self.rows_committed,
+                                                   "rows_committed": self.rows_committed})
         replace_dir(self.tmp, self.path)
-        return open_store(self.path)
+        return self.path
+
+    def finalize(self, extra_attrs: dict[str, Any] | None = None) -> "Store":
+        """`close`, then the finished store opened for reading."""
+        return open_store(self.close(extra_attrs))
 
 
 def write_array(path: str | Path, data: np.ndarray, *, fingerprint: dict[str, Any], attrs: dict[str, Any] | None = None, chunk_rows: int | None = None) -> "Store":

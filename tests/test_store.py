@@ -133,6 +133,26 @@ def chunk_file(store_path, index: int):
     return store_path / "c" / str(index) / "0"
 
 
+def test_a_store_finished_within_its_first_chunk_is_one_chunk_of_exactly_its_rows(tmp_path):
+    """zarr keeps an edge chunk at full size: a store of 5 rows in chunks of 1,000 would hold 995 rows of zeros on
+    disk. One finished before its first whole chunk is one chunk of its rows; a longer one keeps `chunk_rows`."""
+    small = tmp_path / "small.zarr"
+    writer = StoreWriter(small, (3,), np.float32, fingerprint={}, chunk_rows=1000)
+    writer.append(rows(2))
+    writer.append(rows(3, start=2))
+    assert not partial_path(small).exists(), "nothing is on disk before a whole chunk or the close"
+    assert writer.close({"note": "n"}) == small
+    store = open_store(small)
+    np.testing.assert_array_equal(store.read(), rows(5))
+    assert store.chunk_rows == 5 and store.attrs["note"] == "n"
+    assert chunk_file(small, 0).stat().st_size == 5 * 3 * 4 + 4  # the rows and their CRC-32C, no padding
+    empty = StoreWriter(tmp_path / "empty.zarr", (3,), np.float32, fingerprint={}, chunk_rows=1000).finalize()
+    assert empty.shape == (0, 3)
+    large = write_array(tmp_path / "large.zarr", rows(10), fingerprint={}, chunk_rows=4)
+    assert large.chunk_rows == 4
+    np.testing.assert_array_equal(large.read(), rows(10))
+
+
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "delete"])
 def test_a_damaged_or_missing_chunk_is_an_error_naming_store_and_chunk(tmp_path, damage):
     path = tmp_path / "x.zarr"

@@ -70,7 +70,7 @@ class CodesWriter:
 
     def finalize(self, stats: dict[str, Any] | None = None) -> "CodeSet":
         for writer in self.writers.values():
-            writer.finalize()
+            writer.close()  # reopened once, together, by open_codes below
         write_json(self.tmp / META, {"n_latents": self.n_latents, "fingerprint": self.fingerprint, "stats": stats or {}})
         replace_dir(self.tmp, self.path)
         return open_codes(self.path)
