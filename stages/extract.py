@@ -68,7 +68,7 @@ def embed_store(encoder: Encoder, images: Store, out: Path, batch_size: int, chu
         for batch in images.read_ranges(blocks, ahead=2):
             writer.append(encoder.encode_images(batch, batch_size=batch_size))
             bar.update(len(batch))
-    writer.finalize()
+    writer.close()
 
 
 def link_tree(src: Path, dst: Path) -> None:

@@ -139,7 +139,7 @@ def write_synthetic(root: Path, settings: SyntheticSettings, seed: int, provenan
         picked["columns"].append(columns[mine])
         picked["magnitudes"].append(magnitude[mine])
     for writer in writers.values():
-        writer.finalize()
+        writer.close()
     before, columns, magnitudes = (np.concatenate(picked[key]) for key in ("x", "columns", "magnitudes"))
     write_pairs(root, emb, settings, seed, pair_rows, before, columns, magnitudes, concepts, names, fp, base, attrs)
     write_array(root / "split.zarr", split, fingerprint=fp)
