@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from flow import configure_prefect_env
+from flow import configure_prefect_env, prefect_settings
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -76,8 +76,9 @@ def flow_or_plan(args: argparse.Namespace) -> int:
         raise ValueError(str(e)) from None
     from flow.prefect_flow import pipeline_flow, summary
 
-    outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
-                            retries=args.retries, root=str(root))
+    with prefect_settings():
+        outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
+                                retries=args.retries, root=str(root))
     print(summary(outcome, root))
     return 0
 
@@ -126,7 +127,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     parameters = {"targets": args.targets, "overrides": args.set, "cluster": args.cluster, "cluster_file": str(args.cluster_file),
                   "dask_address": args.dask, "retries": args.retries, "root": str(root)}
-    serve(args.name, parameters, args.cron, args.interval)
+    with prefect_settings():
+        serve(args.name, parameters, args.cron, args.interval)
     return 0
 
 

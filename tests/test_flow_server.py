@@ -89,3 +89,27 @@ def test_a_small_flow_uses_prefects_temporary_server_and_a_users_api_must_answer
     with pytest.raises(RuntimeError, match=f"PREFECT_API_URL={url}: the Prefect API does not answer"):
         choose_api(tmp_path, 1)
     assert not Path(tmp_path / ".prefect").exists()
+
+
+def test_the_projects_prefect_settings_hold_in_a_process_that_imported_prefect_before(tmp_path, monkeypatch):
+    """Prefect reads its environment once, at its first import; `prefect_settings` makes the project's values (and a
+    PREFECT_API_URL set after that import) this process's settings while a flow runs, and puts the old ones back."""
+    import prefect.settings
+    from prefect.settings import get_current_settings
+
+    from flow import configure_prefect_env, prefect_settings
+
+    for key in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "PREFECT_LOGGING_LEVEL"):
+        monkeypatch.delenv(key, raising=False)
+    before = get_current_settings()
+    configure_prefect_env(tmp_path)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
+    assert get_current_settings().server.ephemeral.startup_timeout_seconds == before.server.ephemeral.startup_timeout_seconds
+    with prefect_settings():
+        now = get_current_settings()
+        assert now.server.ephemeral.startup_timeout_seconds == 120
+        assert now.home == (tmp_path / ".prefect").resolve()
+        assert str(now.server.database.connection_url.get_secret_value()).endswith(str((tmp_path / ".prefect" / "prefect.db").resolve()))
+        assert now.api.url == "http://127.0.0.1:1/api"
+        assert prefect.settings.PREFECT_LOGGING_LEVEL.value() == "WARNING"
+    assert get_current_settings().home == before.home and get_current_settings().api.url == before.api.url
