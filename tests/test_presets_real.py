@@ -36,6 +36,7 @@ def test_each_smoke_variant_runs_its_presets_loader_and_architecture(tmp_path, m
         writer, folder, arch = SMOKE[name]
         assert raw["data"]["source"] == full.data.source and raw["data"]["root"] == f"smoke/{folder}"
         assert raw["encoder"]["arch"] == full.encoder.arch == arch and raw["encoder"]["weights"] == f"smoke/{arch}-random.safetensors"
+        assert raw["train"]["min_steps"] == 0, "a smoke run trains its few steps, not the budget rule's 2,000 (20 minutes of CPU)"
         assert full.d == 512 and full.train.lr == 5e-4, "CLIP ViT-B embeddings; the published SAE learning rate"
     clip = validate_params(yaml.safe_load(preset_text("clip-imagenet")))
     assert set(clip.sweep.sae.dict_sizes) == {4096, 8192, 16384, 32768} and set(clip.sweep.sae.ks) == {16, 32, 64, 128}
