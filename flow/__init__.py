@@ -13,8 +13,6 @@ Only `prefect_flow` imports Prefect, so `cedar flow --dry` and the no-op case an
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 PREFECT_DEFAULTS = {
@@ -27,21 +25,9 @@ PREFECT_DEFAULTS = {
 
 def configure_prefect_env(root: Path) -> None:
     """Offline, project-local Prefect settings (only those the user has not set), in the environment that the
-    stages, the Dask workers and Prefect's own server inherit."""
+    stages, the Dask workers and Prefect's own server inherit. Call it before importing `flow.prefect_flow`; where
+    Prefect was imported earlier, `flow.prefect_flow.prefect_settings` applies them to this process."""
     os.environ.setdefault("PREFECT_HOME", str((Path(root) / ".prefect").resolve()))
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
-
-@contextmanager
-def prefect_settings() -> Iterator[None]:
-    """The environment's Prefect variables (`configure_prefect_env`, PREFECT_API_URL) as this process's Prefect
-    settings while the block runs. Prefect reads its environment once, when it is first imported: a process that
-    imported it earlier (a notebook, the test suite) would otherwise keep its own home, API and the temporary
-    server's 20-second start-up limit (seen: a flow on a loaded CI machine failed at 20 s)."""
-    import prefect.settings
-
-    keys = ["PREFECT_HOME", "PREFECT_API_URL", *PREFECT_DEFAULTS]
-    updates = {getattr(prefect.settings, key): os.environ[key] for key in keys if key in os.environ and hasattr(prefect.settings, key)}
-    with prefect.settings.temporary_settings(updates):
-        yield

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from flow import configure_prefect_env, prefect_settings
+from flow import configure_prefect_env
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -74,7 +74,7 @@ def flow_or_plan(args: argparse.Namespace) -> int:
         choose_api(root, len(plan))
     except RuntimeError as e:
         raise ValueError(str(e)) from None
-    from flow.prefect_flow import pipeline_flow, summary
+    from flow.prefect_flow import pipeline_flow, prefect_settings, summary
 
     with prefect_settings():
         outcome = pipeline_flow(targets=args.targets, cluster=args.cluster, cluster_file=str(args.cluster_file), dask_address=args.dask,
@@ -123,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_submission(cluster, f"{args.cluster_file}: {args.cluster}", required=True)
     configure_prefect_env(root)
     exit_cleanly_on_sigterm()
-    from flow.prefect_flow import serve
+    from flow.prefect_flow import prefect_settings, serve
 
     parameters = {"targets": args.targets, "overrides": args.set, "cluster": args.cluster, "cluster_file": str(args.cluster_file),
                   "dask_address": args.dask, "retries": args.retries, "root": str(root)}

@@ -31,14 +31,19 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import prefect.settings
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flow import PREFECT_DEFAULTS
 from flow.cluster import Cluster, SubmissionError, Submissions, choose_cluster, open_cluster
 from flow.command import run_commands
 from flow.graph import PlannedStage, Project, StageError, set_params
@@ -220,12 +225,22 @@ def summary(outcome: dict[str, str], root: Path) -> str:
     return f"Ran {len(ran)} of {len(outcome)} planned stages; report: {Layout(root).report}"
 
 
+@contextmanager
+def prefect_settings() -> Iterator[None]:
+    """The environment's Prefect variables (`configure_prefect_env`, PREFECT_API_URL) as this process's Prefect
+    settings while the block runs. Prefect reads its environment once, when it is first imported: a process that
+    imported it earlier (a notebook, the test suite) would otherwise keep its own home, API and the temporary
+    server's 20-second start-up limit (seen: a flow on a loaded CI machine failed at 20 s)."""
+    keys = ["PREFECT_HOME", "PREFECT_API_URL", *PREFECT_DEFAULTS]
+    updates = {getattr(prefect.settings, key): os.environ[key] for key in keys if key in os.environ and hasattr(prefect.settings, key)}
+    with temporary_settings(updates):
+        yield
+
+
 def serve(name: str, parameters: dict[str, Any], cron: str | None, interval: float | None) -> None:
     """`cedar serve`: serve the flow as deployment `cedar-pipeline/<name>` until interrupted; runs start from the
     Prefect UI or `prefect deployment run` (parameters such as `overrides` as in `dvc exp run -S`) or on the
     schedule. Without PREFECT_API_URL, it starts Prefect's temporary local server and prints its address."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     url = os.environ.get("PREFECT_API_URL")
     server = None
     if not url:

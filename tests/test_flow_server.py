@@ -97,7 +97,8 @@ def test_the_projects_prefect_settings_hold_in_a_process_that_imported_prefect_b
     import prefect.settings
     from prefect.settings import get_current_settings
 
-    from flow import configure_prefect_env, prefect_settings
+    from flow import configure_prefect_env
+    from flow.prefect_flow import prefect_settings
 
     for key in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "PREFECT_LOGGING_LEVEL"):
         monkeypatch.delenv(key, raising=False)
