@@ -183,64 +183,73 @@ def _candidates(node: torch.Tensor, latent: torch.Tensor, value: torch.Tensor, p
 
     node, latent: int64 (E,), value: float64 (E,) non-zero, positive: bool (E,) the class of the entry's row; sorted
     by (node, latent, value). node_pos, node_neg: int64 (n_nodes,) class counts of every node (zeros included).
-    A (node, latent) group's rows without an entry hold 0: one block between its negative and positive values.
-    Candidates: "rows <= this entry's value" for each entry, and "rows <= 0" for each group with zeros.
-    Returns the candidates and the number of groups.
+    A (node, latent) group's rows without an entry hold 0: one block between its negative entries (the group's first
+    ones, in value order) and its positive ones. Candidates: "rows <= this entry's value" for each entry, and "rows
+    <= 0" for each group with zeros. Per-group quantities come from prefix counts read at the groups' bounds (G
+    gathers), so that a level's work over its entries is a few passes. Returns the candidates and the number of groups.
     """
     n_entries = node.numel()
     device = node.device
     start = torch.ones(n_entries, dtype=torch.bool, device=device)
     start[1:] = (node[1:] != node[:-1]) | (latent[1:] != latent[:-1])
     group = torch.cumsum(start, 0) - 1
-    first = torch.nonzero(start).squeeze(1)
+    first = _where(start)
     n_groups = first.numel()
-    last = torch.cat([first[1:] - 1, torch.tensor([n_entries - 1], device=device)])
-    pos = positive.to(torch.int64)
-    cum_pos = torch.cumsum(pos, 0)
-    cum_neg = torch.arange(1, n_entries + 1, device=device) - cum_pos
-    pos_first = _at(pos, first)
-    before_pos = _at(cum_pos, first) - pos_first  # (G,) entries of earlier groups
-    before_neg = _at(cum_neg, first) - (1 - pos_first)
+    end = torch.cat([first[1:], torch.tensor([n_entries], device=device)])  # one past each group's last entry
+    above = value > 0
+    prefix = torch.zeros((2, n_entries + 1), dtype=torch.int64, device=device)  # entries before position i: positive rows, values > 0
+    torch.cumsum(positive, 0, out=prefix[0, 1:])
+    torch.cumsum(above, 0, out=prefix[1, 1:])
+    cpos, cabove = prefix[0], prefix[1]
+    size = end - first
+    entries_pos = _at(cpos, end) - _at(cpos, first)  # (G,) the group's entries of positive rows
+    positives_at = end - (_at(cabove, end) - _at(cabove, first))  # (G,) the group's first positive value (end: none)
+    below_pos = _at(cpos, positives_at) - _at(cpos, first)  # (G,) its negative entries by class
+    below_neg = positives_at - first - below_pos
     group_node = _at(node, first)
-    zero_pos = _at(node_pos, group_node) - (_at(cum_pos, last) - before_pos)  # (G,) the group's rows at 0
-    zero_neg = _at(node_neg, group_node) - (_at(cum_neg, last) - before_neg)
+    zero_pos = _at(node_pos, group_node) - entries_pos  # (G,) the group's rows at 0
+    zero_neg = _at(node_neg, group_node) - (size - entries_pos)
     has_zero = (zero_pos + zero_neg) > 0
 
-    # entry candidates: rows whose value is at most this entry's (the zero block too when the value is positive)
-    above = value > 0
-    left_pos = cum_pos - _at(before_pos, group) + torch.where(above, _at(zero_pos, group), 0)
-    left_neg = cum_neg - _at(before_neg, group) + torch.where(above, _at(zero_neg, group), 0)
-    following = torch.full_like(value, float("nan"))  # the next distinct value up in the node, NaN if none
-    same_group_next = torch.zeros_like(start)
-    same_group_next[:-1] = ~start[1:]
-    following[:-1] = torch.where(same_group_next[:-1], value[1:], following[:-1])
-    into_zeros = (value < 0) & _at(has_zero, group) & ~(following < 0)  # the last negative before the zero block
-    following = torch.where(into_zeros, torch.zeros_like(value), following)
+    # entry candidates: rows whose value is at most this entry's (the zero block too when the value is positive);
+    # one gather each from a (G, 2) table of offsets, column 0 for negative values, column 1 for positive ones
+    offset = 2 * group + above
+    left = torch.empty((2, n_entries + n_groups), dtype=torch.int64, device=device)  # the entries', then the groups' zero splits
+    lp, ln = left[0], left[1]
+    torch.add(prefix[0, 1:], _at(torch.stack([-_at(cpos, first), zero_pos - _at(cpos, first)], dim=1).view(-1), offset), out=lp[:n_entries])
+    total = torch.stack([-first, zero_pos + zero_neg - first], dim=1).view(-1)
+    torch.sub(torch.arange(1, n_entries + 1, device=device) + _at(total, offset), lp[:n_entries], out=ln[:n_entries])
+    following = torch.empty_like(value)  # the next distinct value up in the node, NaN if none
+    following[:-1] = value[1:]
+    following.index_fill_(0, end - 1, float("nan"))
+    into_zeros = _where(has_zero & (positives_at > first))  # groups whose last negative value is followed by the zero block
+    following.index_fill_(0, _at(positives_at, into_zeros) - 1, 0.0)
     entry_valid = following > value + _SAME_VALUE  # False for NaN: no value above
 
     # zero candidates: the negative entries and the zero block on the left, the positive entries on the right
-    negative = (value < 0).to(torch.int64)
-    neg_left_pos = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, group, pos * negative)
-    neg_left_neg = torch.zeros(n_groups, dtype=torch.int64, device=device).index_add_(0, group, (1 - pos) * negative)
-    lowest_positive = torch.full((n_groups,), float("nan"), dtype=value.dtype, device=device)
-    where_above = _where(above)
-    lowest_positive = lowest_positive.scatter_reduce(0, _at(group, where_above), _at(value, where_above), "amin", include_self=False)
-    zero_valid = has_zero & (lowest_positive > _SAME_VALUE)
+    torch.add(below_pos, zero_pos, out=lp[n_entries:])
+    torch.add(below_neg, zero_neg, out=ln[n_entries:])
+    lowest_positive = _at(value, positives_at.clamp(max=max(n_entries - 1, 0)))
+    zero_valid = has_zero & (positives_at < end) & (lowest_positive > _SAME_VALUE)
 
-    groups = torch.arange(n_groups, device=device)
     node_all = torch.cat([node, group_node])
-    lp = torch.cat([left_pos, neg_left_pos + zero_pos]).to(torch.float64)
-    ln = torch.cat([left_neg, neg_left_neg + zero_neg]).to(torch.float64)
-    valid = torch.cat([entry_valid, zero_valid])
-    rp, rn = _at(node_pos, node_all).to(torch.float64) - lp, _at(node_neg, node_all).to(torch.float64) - ln
-    n_left, n_right = lp + ln, rp + rn
-    gini_left = 1.0 - (ln * ln + lp * lp) / (n_left * n_left)  # scikit-learn's Gini, class 0 (negative) first
-    gini_right = 1.0 - (rn * rn + rp * rp) / (n_right * n_right)
-    proxy = torch.where(valid, -n_right * gini_right - n_left * gini_left, -torch.inf)
+    # scikit-learn's Gini proxy -n_right gini_right - n_left gini_left, gini = 1 - (n_neg^2 + n_pos^2) / n^2 in float64:
+    # squares and sizes are exact integers, so taking them as integers first keeps its rounding
+    rp, rn = _at(node_pos, node_all) - lp, _at(node_neg, node_all) - ln
+    proxy = _weighted_gini(rp, rn).neg_().sub_(_weighted_gini(lp, ln))
+    proxy.masked_fill_(~torch.cat([entry_valid, zero_valid]), -torch.inf)
+    groups = torch.arange(n_groups, device=device)
     candidates = _Candidates(node=node_all, latent=torch.cat([latent, _at(latent, first)]), group=torch.cat([group, groups]),
-                             left_pos=lp.to(torch.int64), left_neg=ln.to(torch.int64),
+                             left_pos=lp, left_neg=ln,
                              threshold=torch.cat([value, torch.zeros(n_groups, dtype=value.dtype, device=device)]), proxy=proxy)
     return candidates, n_groups
+
+
+def _weighted_gini(side_pos: torch.Tensor, side_neg: torch.Tensor) -> torch.Tensor:
+    """float64 (m,): n gini of sides of (side_pos, side_neg) rows (int64 (m,) each), as scikit-learn rounds it."""
+    size = side_pos + side_neg
+    gini = (side_neg * side_neg + side_pos * side_pos).to(torch.float64).div_((size * size).to(torch.float64)).neg_().add_(1.0)
+    return gini.mul_(size.to(torch.float64))
 
 
 def _best(candidates: _Candidates, by: torch.Tensor, size: int, rank: torch.Tensor) -> torch.Tensor:
