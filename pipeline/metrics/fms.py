@@ -286,6 +286,14 @@ def _squares(right_pos: torch.Tensor, right_neg: torch.Tensor, pos: torch.Tensor
     return (left_pos * left_pos + left_neg * left_neg) / (left_pos + left_neg) + (right_pos * right_pos + right_neg * right_neg) / (right_pos + right_neg)
 
 
+def _pure_side(r: torch.Tensor, same: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """float64: g (`_squares`) of the splits whose right side is r rows of one class (float64, r > 0; -inf where r is
+    0), in nodes of `same` rows of that class and `other` of the other (broadcast): the bound of a group whose
+    positive-valued rows of that class are r. The same numbers as `_squares(r, 0, same, other)`, in fewer passes."""
+    kept = same - r
+    return torch.where(r > 0, (kept * kept + other * other) / (kept + other) + r, -torch.inf)
+
+
 def _zero_split(pos_side: torch.Tensor, neg_side: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
                 possible: torch.Tensor | None = None) -> torch.Tensor:
     """float64: g (`_squares`) of the zero split ("rows <= 0" left) of groups whose positive-valued rows count
@@ -423,7 +431,7 @@ def _select(dense_pos: torch.Tensor, dense_neg: torch.Tensor, pos: torch.Tensor,
     if unclear is not None:
         enrichment = torch.where(unclear, 0, enrichment)
     most = min(_KNOWN_GROUPS, dense_pos.shape[1])
-    ends = torch.cat([torch.topk(side, most, dim=1).indices for side in (enrichment, -enrichment)], dim=1)
+    ends = torch.cat([torch.topk(enrichment, most, dim=1, largest=largest, sorted=False).indices for largest in (True, False)], dim=1)
     mp, mn = torch.gather(dense_pos, 1, ends).to(torch.float64), torch.gather(dense_neg, 1, ends).to(torch.float64)
     known = _zero_split(mp, mn, pos64[:, None], neg64[:, None], None if unclear is None else ~torch.gather(unclear, 1, ends)).amax(dim=1)
     known = known - 1e-9 * known.abs().clamp(min=1.0)  # relaxed: rounding may only add groups
@@ -764,11 +772,10 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
         pos = node_pos[dense_node].to(torch.float64)[:, None]
         neg = node_neg[dense_node].to(torch.float64)[:, None]
         mp, mn = dense_pos.to(torch.float64), dense_neg.to(torch.float64)
-        zero = torch.zeros_like(mp)
-        bound = torch.maximum(torch.where(mp > 0, _squares(mp, zero, pos, neg), -torch.inf),
-                              torch.where(mn > 0, _squares(zero, mn, pos, neg), -torch.inf))
+        bound = torch.maximum(_pure_side(mp, pos, neg), _pure_side(mn, neg, pos))
+        zero_split = _zero_split(mp, mn, pos, neg)
         if fixed.single_table is not None:  # one value: the zero split is the only split, scored exactly
-            bound = torch.where(fixed.single_table[dense_node], _zero_split(mp, mn, pos, neg), bound)
+            bound = torch.where(fixed.single_table[dense_node], zero_split, bound)
         if fixed.signed_table is not None:
             bound = torch.where(fixed.signed_table[dense_node], torch.inf, bound)
         first = torch.zeros_like(bound, dtype=torch.bool)
@@ -777,7 +784,7 @@ def _rank_chain(fixed: _Fixed, dense_node: torch.Tensor, dense_pos: torch.Tensor
         groups = _group_scores(fixed, s_node, concepts, dense_node, first & (bound > -torch.inf), nothing, node_pos, node_neg, n_latents)
         # each latent's best split known so far, in the bound's form: the searched ones exactly, the others' zero split
         # ("rows <= 0" left: it exists when both sides hold rows and no positive value is within 1e-7 of 0)
-        known = _zero_split(mp, mn, pos, neg, None if fixed.unclear_table is None else ~fixed.unclear_table[dense_node])
+        known = zero_split if fixed.unclear_table is None else zero_split.masked_fill(fixed.unclear_table[dense_node], -torch.inf)
         row_of = torch.full((n_concepts,), -1, dtype=torch.int64, device=device)
         row_of[dense_node] = torch.arange(dense_node.numel(), device=device)
         exact = groups.proxy + _at(node_pos + node_neg, groups.node).to(torch.float64)
