@@ -245,6 +245,71 @@ def test_the_bound_that_prunes_the_split_search_holds() -> None:
         assert (np.diff(pure[np.isfinite(pure)]) > 0).all()
 
 
+def test_every_candidate_split_is_counted_as_a_brute_force_count_of_its_rows() -> None:
+    """`_candidates` reads each group's negative entries, zero block and lowest positive value from prefix counts:
+    every candidate ("rows <= an entry's value" and "rows <= 0") must hold the class counts, validity and Gini proxy
+    that counting the node's rows by hand gives. Random nodes of signed values with ties, values within 1e-7 of 0,
+    groups of only negative or only positive values, and nodes where a latent is non-zero on every row."""
+    from pipeline.metrics.fms import _candidates
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n_nodes, n_latents = 3, 4
+        rows = [rng.integers(2, 9) for _ in range(n_nodes)]
+        entries = []  # (node, latent, value, positive)
+        labels = [rng.random(r) < 0.5 for r in rows]
+        codes = [np.where(rng.random((r, n_latents)) < 0.6, rng.choice([-2.0, -1.0, -5e-8, 5e-8, 1.0, 1.5, 3.0], (r, n_latents)), 0.0) for r in rows]
+        codes[0][:, 0] = rng.choice([1.0, 2.0], rows[0])  # a latent without zeros on its node
+        for node in range(n_nodes):
+            for latent in range(n_latents):
+                column = codes[node][:, latent]
+                for row in np.flatnonzero(column)[np.argsort(column[np.flatnonzero(column)], kind="stable")]:
+                    entries.append((node, latent, column[row], labels[node][row]))
+        node, latent, value, positive = (torch.tensor([e[i] for e in entries]) for i in range(4))
+        node_pos = torch.tensor([int(y.sum()) for y in labels])
+        node_neg = torch.tensor([int((~y).sum()) for y in labels])
+        cands, n_groups = _candidates(node, latent, value.to(torch.float64), positive, node_pos, node_neg)
+        assert n_groups == len({(e[0], e[1]) for e in entries})
+        valid = torch.isfinite(cands.proxy)
+        for at in range(n_nodes):
+            for column in range(n_latents):
+                x, y = codes[at][:, column], labels[at]
+                if not x.any():
+                    continue
+                # the splits by hand: each distinct value (0 too) with a distinct value above it, by more than 1e-7
+                values = np.unique(x)
+                expected = {float(v) for v, above in zip(values[:-1], values[1:]) if above > v + 1e-7}
+                mine = _where_true(valid & (cands.node == at) & (cands.latent == column))
+                assert sorted(float(cands.threshold[i]) for i in mine) == sorted(expected), (at, column)
+                for i in mine:
+                    left = x <= float(cands.threshold[i])
+                    lp, ln = float((left & y).sum()), float((left & ~y).sum())
+                    assert (float(cands.left_pos[i]), float(cands.left_neg[i])) == (lp, ln), (at, column)
+                    rp, rn = float(y.sum()) - lp, float((~y).sum()) - ln
+                    gini_left = 1.0 - (ln * ln + lp * lp) / ((lp + ln) * (lp + ln))
+                    gini_right = 1.0 - (rn * rn + rp * rp) / ((rp + rn) * (rp + rn))
+                    assert float(cands.proxy[i]) == -(rp + rn) * gini_right - (lp + ln) * gini_left, (at, column)
+
+
+def _where_true(mask: torch.Tensor) -> list[int]:
+    return torch.nonzero(mask).squeeze(1).tolist()
+
+
+def test_the_pure_side_bound_is_the_squares_formula() -> None:
+    """The roots' bounds come from `_pure_side` (fewer passes): the very numbers `_squares` gives for a right side of
+    r rows of one class, for every node and r up to 40."""
+    from pipeline.metrics.fms import _pure_side, _squares
+
+    pos, neg = (t.to(torch.float64) for t in torch.meshgrid(torch.arange(1, 41), torch.arange(1, 41), indexing="ij"))
+    for r in range(0, 41):
+        right = torch.full_like(pos, float(r))
+        expected_pos = torch.where((right > 0) & (right <= pos), _squares(right, torch.zeros_like(pos), pos, neg), -torch.inf)
+        got_pos = torch.where(right <= pos, _pure_side(right, pos, neg), -torch.inf)
+        assert torch.equal(got_pos, expected_pos), r
+        expected_neg = torch.where((right > 0) & (right <= neg), _squares(torch.zeros_like(neg), right, pos, neg), -torch.inf)
+        assert torch.equal(torch.where(right <= neg, _pure_side(right, neg, pos), -torch.inf), expected_neg), r
+
+
 def test_the_drift_bound_that_carries_split_bounds_between_levels_holds() -> None:
     """A dense node that loses rows holding 0 on a latent keeps that latent's best split bounded by the old best plus
     `_drift`: every split (right side (rp, rn) of at most (mp, mn) rows, a non-empty left) gains at most that much in
