@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--device", default="cpu", help="where the project trains and evaluates (FMS here runs on the CPU)")
+    parser.add_argument("--device", default="cpu", help="where the project trains and evaluates, FMS included (cpu: the two-core yardstick)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--against", default=None, help="a git revision whose pipeline/metrics/fms.py runs alternately with this tree's")
     parser.add_argument("--repeat", type=int, default=4)
