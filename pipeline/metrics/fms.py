@@ -202,9 +202,10 @@ def _candidates(node: torch.Tensor, latent: torch.Tensor, value: torch.Tensor, p
     torch.cumsum(above, 0, out=prefix[1, 1:])
     cpos, cabove = prefix[0], prefix[1]
     size = end - first
-    entries_pos = _at(cpos, end) - _at(cpos, first)  # (G,) the group's entries of positive rows
+    before_pos = _at(cpos, first)  # (G,) entries of positive rows in earlier groups
+    entries_pos = _at(cpos, end) - before_pos  # (G,) the group's entries of positive rows
     positives_at = end - (_at(cabove, end) - _at(cabove, first))  # (G,) the group's first positive value (end: none)
-    below_pos = _at(cpos, positives_at) - _at(cpos, first)  # (G,) its negative entries by class
+    below_pos = _at(cpos, positives_at) - before_pos  # (G,) its negative entries by class
     below_neg = positives_at - first - below_pos
     group_node = _at(node, first)
     zero_pos = _at(node_pos, group_node) - entries_pos  # (G,) the group's rows at 0
@@ -216,7 +217,7 @@ def _candidates(node: torch.Tensor, latent: torch.Tensor, value: torch.Tensor, p
     offset = 2 * group + above
     left = torch.empty((2, n_entries + n_groups), dtype=torch.int64, device=device)  # the entries', then the groups' zero splits
     lp, ln = left[0], left[1]
-    torch.add(prefix[0, 1:], _at(torch.stack([-_at(cpos, first), zero_pos - _at(cpos, first)], dim=1).view(-1), offset), out=lp[:n_entries])
+    torch.add(prefix[0, 1:], _at(torch.stack([-before_pos, zero_pos - before_pos], dim=1).view(-1), offset), out=lp[:n_entries])
     total = torch.stack([-first, zero_pos + zero_neg - first], dim=1).view(-1)
     torch.sub(torch.arange(1, n_entries + 1, device=device) + _at(total, offset), lp[:n_entries], out=ln[:n_entries])
     following = torch.empty_like(value)  # the next distinct value up in the node, NaN if none
