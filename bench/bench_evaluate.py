@@ -144,16 +144,21 @@ def measure(root: Path, device: torch.device, repeat: int = 1) -> None:
         print(json.dumps(record), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_project_options(parser: argparse.ArgumentParser, device: str) -> None:
+    """The options `project` reads (the synthetic project and its two cells), and --workdir; `device`: the default."""
     parser.add_argument("--n", type=int, default=20_000, help="synthetic embeddings")
     parser.add_argument("--d", type=int, default=768, help="embedding dimension")
     parser.add_argument("--dict", type=int, default=4096, help="TopK SAE latents")
     parser.add_argument("--k", type=int, default=32, help="active latents per row (TopK and CEDAR)")
     parser.add_argument("--steps", type=int, default=200, help="optimiser steps per training")
     parser.add_argument("--batch", type=int, default=256, help="rows per step")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (training and evaluation)")
+    parser.add_argument("--device", default=device, help="auto, cpu, cuda, cuda:1 (training and evaluation, FMS included)")
     parser.add_argument("--workdir", type=Path, default=None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_project_options(parser, device="auto")
     parser.add_argument("--reuse", action="store_true", help="keep a project of the same params already in --workdir (trained models too)")
     parser.add_argument("--repeat", type=int, default=1, help="evaluations per cell, each between two encodings (ratio: the first; ratio_median: all)")
     args = parser.parse_args()

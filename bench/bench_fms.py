@@ -85,14 +85,7 @@ def module_at(rev: str) -> ModuleType:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=20_000)
-    parser.add_argument("--d", type=int, default=768)
-    parser.add_argument("--dict", type=int, default=4096)
-    parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--device", default="cpu", help="where the project trains and evaluates, FMS included (cpu: the two-core yardstick)")
-    parser.add_argument("--workdir", type=Path, default=None)
+    bench_evaluate.add_project_options(parser, device="cpu")  # cpu: the two-core yardstick
     parser.add_argument("--against", default=None, help="a git revision whose pipeline/metrics/fms.py runs alternately with this tree's")
     parser.add_argument("--repeat", type=int, default=4)
     args = parser.parse_args()
