@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.metrics.fms import FMSResult, fms
+from pipeline.metrics.fms import FMSResult, fms, fms_of_sets
 from tests.fms_reference import sklearn_fms, stump_chain, tree_levels
 
 EVERY_ROW = {"max_n": 10**6, "balanced": False}  # no subsampling: the references see the same rows
@@ -402,6 +402,49 @@ def test_memory_bounds_and_threads_change_nothing_but_the_time(monkeypatch: pyte
     assert np.isnan(default.per_concept[2])
 
 
+def test_code_sets_grown_together_score_as_each_set_alone(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """`fms_of_sets` grows the trees of several code sets in shared blocks: each set gets exactly what `fms` gives it
+    alone, in one block or many, on one thread or three, with sets of different widths (a binary one, an all-zero
+    one whose concepts are undefined) and a single-class concept."""
+    rng = np.random.default_rng(11)
+    n = 240
+    dense = rng.random((n, 24)) * (rng.random((n, 24)) < 0.25)
+    binary = (rng.random((n, 40)) < 0.1).astype(np.float32)
+    zero = np.zeros((n, 8))
+    labels = np.stack([dense[:, 3] > 0.2, rng.random(n) < 0.5, np.zeros(n, bool), (dense[:, 1] > 0) | (binary[:, 7] > 0)], axis=1)
+    sets = [dense, binary, zero]
+    alone = [fms(codes, labels, max_n=160, seed=2) for codes in sets]
+    together = [fms_of_sets(sets, labels, max_n=160, seed=2)]
+    together.append(fms_of_sets(sets, labels, max_n=160, seed=2, block_entries=300, dense_cells=50))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    with caplog.at_level("WARNING"):
+        together.append(fms_of_sets(sets, labels, max_n=160, seed=2))
+    for results in together:
+        assert len(results) == 3
+        for one, other in zip(alone, results):
+            for field in ("per_concept", "root_accuracy", "local", "global_", "root_feature", "depth", "cut_accuracy", "n_rows"):
+                np.testing.assert_array_equal(getattr(one, field), getattr(other, field))
+            assert one.fms == other.fms or (np.isnan(one.fms) and np.isnan(other.fms))
+    assert np.isfinite(alone[0].fms) and np.isfinite(alone[1].fms) and not np.isfinite(alone[2].fms)
+    assert np.isnan(alone[0].per_concept[2]), "a single class on its rows"
+    assert alone[1].root_feature.max() < 40 and (alone[2].root_feature == -1).all()
+    assert "fms (code set 2): concept 0: no latent separates" in caplog.text
+
+
+def test_code_sets_must_be_a_sequence_of_code_arrays_of_the_same_rows() -> None:
+    y = np.array([1, 0] * 4, dtype=bool)
+    with pytest.raises(TypeError, match="code_sets"):
+        fms_of_sets(np.ones((8, 3)), y)
+    with pytest.raises(TypeError, match="code_sets"):
+        fms_of_sets([], y)
+    with pytest.raises(ValueError, match=r"code_sets\[1\]: expected 8 rows"):
+        fms_of_sets([np.ones((8, 3)), np.ones((6, 3))], y)
+    bad = np.ones((8, 3))
+    bad[2, 1] = np.inf
+    with pytest.raises(ValueError, match=r"code_sets\[1\]: contains NaN"):
+        fms_of_sets([np.ones((8, 3)), bad], y)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_gives_the_cpus_numbers() -> None:
     rng = np.random.default_rng(5)
@@ -474,7 +517,11 @@ def test_bad_inputs_raise_clear_errors() -> None:
 
 
 def test_blocks_are_one_per_thread_of_about_equal_entries_and_cut_only_at_the_bounds() -> None:
-    from pipeline.metrics.fms import _blocks
+    from pipeline.metrics.fms import _blocks, _parts
+
+    # as many blocks as threads, or whole rounds of them where the entries need more
+    assert [_parts(entries, 2, 100) for entries in (0, 50, 200, 201, 399, 401)] == [2, 2, 2, 4, 4, 6]
+    assert _parts(250, 1, 100) == 3 and _parts(250, 3, 100) == 3 and _parts(301, 3, 100) == 6
 
     # filling each block up to half the total (10) would leave a third one: [4, 4], [4, 4], [3]
     assert [b.tolist() for b in _blocks(np.array([4, 4, 4, 4, 3]), 2, 1000, 100)] == [[0, 1], [2, 3, 4]]

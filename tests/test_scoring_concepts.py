@@ -209,3 +209,24 @@ def test_cknna_of_every_variant_against_the_embeddings_read_and_kerneled_once():
     for got, codes in ((result.trained, trained), (result.untrained, untrained), (result.random, random_variant(frequency, 3))):
         assert got.cknna == cknna(codes.test.codes(near), x[near], k=5, max_n=None)
     assert result.trained.cknna != result.untrained.cknna
+
+
+def test_each_variants_fms_is_fms_of_its_pool_codes_alone():
+    """The trained, untrained and random codes' FMS grow together (`fms_of_sets`): each variant's is exactly `fms` of
+    its codes of the pool rows, on its own."""
+    from pipeline.metrics.csr import column_counts
+    from pipeline.metrics.fms import fms
+
+    data, x, pairs = toy(n=600, seed=6)
+    model = build("pca", 4, 4, 2)
+    model.fit_init(torch.as_tensor(x[data.match_rows]))
+    twin = build("random_rotation", 4, 4, 2, seed=2)
+    twin.fit_init(torch.as_tensor(x[data.match_rows]))
+    settings = EvaluateSettings(cknna_max_n=150, fms_max_n=200, batch_size=64, fms_removals=(1, 2))
+    trained, untrained = variant(model, data, x, pairs, None), variant(twin, data, x, pairs, None)
+    result = concept_metrics(trained, untrained, data, settings, seed=4)
+    frequency = column_counts(binarise(trained.match.codes(data.match_rows))) / len(data.match_rows)
+    for got, codes in ((result.trained, trained), (result.untrained, untrained), (result.random, random_variant(frequency, 4))):
+        alone = fms(codes.test.codes(data.pool_rows), data.y_pool, max_n=200, seed=4, removals=(1, 2))
+        assert got.fms == alone.fms
+    assert result.trained.fms != result.random.fms

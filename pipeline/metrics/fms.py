@@ -75,11 +75,16 @@ Choices, documented:
   concept index), so a concept's rows do not depend on the others.
 - Memory: concepts are grown together in blocks of at most `block_entries` non-zero entries (their rows' non-zeros
   summed; a concept larger than that is a block of its own), ~150 bytes per entry at the peak of a level.
-- Threads: on the CPU the concepts are split into `available_threads()` blocks of about equal entries (more only where
-  `block_entries` or the dense cells' bound cut them), grown side by side (torch's operations release the GIL; a
-  concept's tree does not depend on its block): 1.3x faster on 2 cores than one block on torch's 2 intra-op threads.
-  Never a block more than the threads: a small third block on 2 threads grew alone after the others, all its ~50
-  levels (0.2 s of a 1.6 s call on random TopK codes).
+- Threads: on the CPU the concepts are split into `available_threads()` blocks of about equal entries (a multiple of
+  it where `block_entries` needs more: the blocks grow in rounds of one per thread), grown side by side (torch's
+  operations release the GIL; a concept's tree does not depend on its block): 1.3x faster on 2 cores than one block
+  on torch's 2 intra-op threads. Never a block more than a round: a small third block on 2 threads grew alone after
+  the others, all its ~50 levels (0.2 s of a 1.6 s call on random TopK codes).
+- Several code sets of the same rows (`fms_of_sets`: a model's codes, its untrained twin's, random codes) grow in
+  shared blocks, each block holding as many trees of every set. A level of a block costs a few hundred torch
+  operations (~5-8 ms on the CPU, and a host sync on a GPU) whatever it holds, and trees of random TopK codes are ~45
+  levels deep, so fewer, fuller blocks save that overhead: the evaluate stage's three sets of a TopK cell, 2 threads,
+  7.7 -> 7.1 s (best of four, alternating with one call per set), CEDAR's 11.3 -> 10.0 s.
 """
 
 from __future__ import annotations
@@ -835,6 +840,13 @@ def _blocks(sizes: np.ndarray, parts: int, limit: int, most: int) -> list[np.nda
     return out
 
 
+def _parts(entries: int, jobs: int, block_entries: int) -> int:
+    """Blocks to cut `entries` into: the fewest of at most `block_entries` each, rounded up to a multiple of `jobs`
+    (blocks grow in rounds of one per thread; a block more would grow alone after the others)."""
+    needed = max(1, -(-entries // block_entries))
+    return jobs * -(-needed // jobs)
+
+
 def _scores(grown: _Grown, removals: tuple[int, ...], levels: str, exhausted: str) -> tuple[np.ndarray, ...]:
     """Per concept of a block: (accs_0, local, global, cut accuracies) from its grown trees."""
     n = grown.n.astype(np.float64)
@@ -858,8 +870,24 @@ def _scores(grown: _Grown, removals: tuple[int, ...], levels: str, exhausted: st
     return acc0, local, global_, cuts
 
 
+Codes = np.ndarray | sparse.sparray | sparse.spmatrix
+
+
+def _checked_codes(name: str, codes: Codes) -> sparse.csr_array:
+    """`codes` as float32 CSR (the trees see float32 values, as scikit-learn's do), or an error naming `name`."""
+    if not (isinstance(codes, np.ndarray) or sparse.issparse(codes)) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
+        got = getattr(codes, "shape", type(codes))
+        raise ValueError(f"{name}: expected a non-empty 2-D numpy array or scipy.sparse matrix (n, n_latents), got {got}")
+    if codes.dtype.kind not in "fiub":
+        raise TypeError(f"{name}: expected a numeric array, got dtype {codes.dtype}")
+    x = to_csr(name, codes, dtype=np.float32)
+    if not np.isfinite(x.data).all():
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return x
+
+
 def fms(
-    codes: np.ndarray | sparse.sparray | sparse.spmatrix,
+    codes: Codes,
     labels: np.ndarray,
     max_n: int = 5000,
     seed: int = 0,
@@ -885,20 +913,45 @@ def fms(
     device: where the trees are grown (a torch device or its name). block_entries, dense_cells: memory bounds (module
     docstring); the scores do not depend on them.
     """
-    if not (isinstance(codes, np.ndarray) or sparse.issparse(codes)) or codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
-        got = getattr(codes, "shape", type(codes))
-        raise ValueError(f"codes: expected a non-empty 2-D numpy array or scipy.sparse matrix (n, n_latents), got {got}")
-    if codes.dtype.kind not in "fiub":
-        raise TypeError(f"codes: expected a numeric array, got dtype {codes.dtype}")
-    x_all = to_csr("codes", codes, dtype=np.float32)  # the trees see float32 values, as scikit-learn's do
-    if not np.isfinite(x_all.data).all():
-        raise ValueError("codes: contains NaN or infinite values")
+    return fms_of_sets([codes], labels, max_n=max_n, seed=seed, removals=removals, levels=levels, balanced=balanced,
+                       exhausted=exhausted, device=device, block_entries=block_entries, dense_cells=dense_cells)[0]
+
+
+def fms_of_sets(
+    code_sets: Sequence[Codes],
+    labels: np.ndarray,
+    max_n: int = 5000,
+    seed: int = 0,
+    removals: int | Sequence[int] = PUBLISHED_REMOVALS,
+    levels: Literal["published", "paper"] = "published",
+    balanced: bool = True,
+    exhausted: Literal["drop", "majority"] = "drop",
+    device: str | torch.device = "cpu",
+    block_entries: int = BLOCK_ENTRIES,
+    dense_cells: int = DENSE_CELLS,
+) -> list[FMSResult]:
+    """`fms` of each of several code sets of the same rows and concepts (a model's codes, its untrained twin's, random
+    codes): one result per set, each the one `fms` gives that set alone (the same rows per concept, the same trees).
+    The sets' trees grow together, in shared blocks: a level of a block costs a few hundred torch operations (and, on
+    a GPU, a host sync) however many trees it holds, so one block for every set costs less than one per set.
+
+    code_sets: (n, n_latents) codes each (`fms`'s `codes`; the sets may differ in n_latents, not in n). The other
+    arguments: as `fms`'s.
+    """
+    if isinstance(code_sets, (np.ndarray, sparse.sparray, sparse.spmatrix)) or not isinstance(code_sets, Sequence) or not code_sets:
+        raise TypeError(f"code_sets: expected a non-empty sequence of code arrays, got {type(code_sets).__name__}")
+    names = ["codes"] if len(code_sets) == 1 else [f"code_sets[{i}]" for i in range(len(code_sets))]
+    sets = [_checked_codes(name, codes) for name, codes in zip(names, code_sets)]
+    n = sets[0].shape[0]
+    for name, x in zip(names, sets):
+        if x.shape[0] != n:
+            raise ValueError(f"{name}: expected {n} rows (the first set's), got {x.shape[0]}")
     if not isinstance(labels, np.ndarray) or labels.dtype != np.bool_:
         raise TypeError(f"labels: expected a bool numpy array, got {getattr(labels, 'dtype', type(labels))}")
     if labels.ndim == 1:
         labels = labels[:, None]
-    if labels.ndim != 2 or labels.shape[0] != codes.shape[0] or labels.shape[1] == 0:
-        raise ValueError(f"labels: expected shape ({codes.shape[0]},) or ({codes.shape[0]}, n_concepts), got {labels.shape}")
+    if labels.ndim != 2 or labels.shape[0] != n or labels.shape[1] == 0:
+        raise ValueError(f"labels: expected shape ({n},) or ({n}, n_concepts), got {labels.shape}")
     if not isinstance(max_n, (int, np.integer)) or max_n < 2:
         raise ValueError(f"max_n: expected an int >= 2, got {max_n!r}")
     removals = (removals,) if isinstance(removals, (int, np.integer)) else tuple(removals)
@@ -910,7 +963,10 @@ def fms(
     if exhausted not in ("drop", "majority"):
         raise ValueError(f"exhausted: expected 'drop' or 'majority', got {exhausted!r}")
     device = torch.device(device)
-    n_concepts, n_latents = labels.shape[1], x_all.shape[1]
+    n_sets, n_concepts = len(sets), labels.shape[1]
+    n_latents = max(x.shape[1] for x in sets)
+    # every set's rows one under the other (set j's row i is row j n + i), on a common latent axis
+    x_all = sparse.vstack([sparse.csr_array((x.data, x.indices, x.indptr), shape=(n, n_latents)) for x in sets], format="csr")
     shared_rows = None if balanced else _concept_rows(labels[:, 0], max_n, False, np.random.default_rng(seed))
     rows = [_concept_rows(labels[:, c], max_n, True, np.random.default_rng([seed, c])) if balanced else shared_rows for c in range(n_concepts)]
     n_rows = np.array([r.size for r in rows], dtype=np.int64)
@@ -923,14 +979,17 @@ def fms(
         else:
             scored.append(c)
     scored = np.array(scored, dtype=np.int64)
+    # the trees to grow: every scored concept of every set, concept by concept (so that each block holds as many trees
+    # of each set: the sets' trees differ in cost, e.g. random codes' against a model's)
+    tree_set, tree_concept = np.tile(np.arange(n_sets), scored.size), np.repeat(scored, n_sets)
 
     n_chain = max(removals) + 1
-    acc0 = np.full(n_concepts, np.nan)
-    local = np.full(n_concepts, np.nan)
-    global_ = np.full(n_concepts, np.nan)
-    roots = np.full(n_concepts, -1, dtype=np.int64)
-    depths = np.zeros(n_concepts, dtype=np.int64)
-    cuts = np.full((n_concepts, n_chain), np.nan)
+    acc0 = np.full((n_sets, n_concepts), np.nan)
+    local = np.full((n_sets, n_concepts), np.nan)
+    global_ = np.full((n_sets, n_concepts), np.nan)
+    roots = np.full((n_sets, n_concepts), -1, dtype=np.int64)
+    depths = np.zeros((n_sets, n_concepts), dtype=np.int64)
+    cuts = np.full((n_sets, n_concepts, n_chain), np.nan)
     indptr = torch.as_tensor(x_all.indptr.astype(np.int64), device=device)
     indices = torch.as_tensor(x_all.indices.astype(np.int64), device=device)
     values = torch.as_tensor(x_all.data.astype(np.float64), device=device)
@@ -938,36 +997,46 @@ def fms(
     by_value = by_value[torch.argsort(indices[by_value], stable=True)]
     value_rank = torch.empty_like(by_value)
     value_rank[by_value] = torch.arange(by_value.numel(), device=device)  # each stored entry's rank in (latent, value) order
-    entries = np.array([int(row_nnz[rows[c]].sum()) for c in scored], dtype=np.int64)
-    per_block = max(1, dense_cells // n_latents)  # concepts whose roots all keep dense counts
+    entries = np.array([int(row_nnz[rows[c] + j * n].sum()) for j, c in zip(tree_set, tree_concept)], dtype=np.int64)
+    per_block = max(1, dense_cells // n_latents)  # trees whose roots all keep dense counts
     jobs = available_threads() if device.type == "cpu" else 1  # on the CPU, blocks grow side by side (torch frees the GIL)
-    parts = max(jobs, -(-int(entries.sum()) // block_entries))  # one block per thread (a third one would run alone)
+    parts = _parts(int(entries.sum()), jobs, block_entries)
 
     def grow(block: np.ndarray) -> tuple[np.ndarray, _Grown]:
-        concepts = scored[block]
-        sample_rows = np.concatenate([rows[c] for c in concepts])
-        sample_concept = np.repeat(np.arange(concepts.size), [rows[c].size for c in concepts])
+        in_set, concepts = tree_set[block], tree_concept[block]
+        sample_rows = np.concatenate([rows[c] + j * n for j, c in zip(in_set, concepts)])
+        sample_concept = np.repeat(np.arange(block.size), [rows[c].size for c in concepts])
         positive = np.concatenate([labels[rows[c], c] for c in concepts])
         s_rows = torch.as_tensor(sample_rows.astype(np.int64), device=device)
         nnz = indptr[s_rows + 1] - indptr[s_rows]
         entry_sample = torch.repeat_interleave(torch.arange(s_rows.numel(), device=device), nnz)
         offset = torch.arange(entry_sample.numel(), device=device) - _exclusive_cumsum(nnz)[entry_sample]
         at = indptr[s_rows][entry_sample] + offset
-        return concepts, _grow(torch.as_tensor(sample_concept, device=device), torch.as_tensor(positive, device=device), entry_sample,
-                               indices[at], values[at], value_rank[at], concepts.size, n_latents, n_chain, dense_cells)
+        return block, _grow(torch.as_tensor(sample_concept, device=device), torch.as_tensor(positive, device=device), entry_sample,
+                            indices[at], values[at], value_rank[at], block.size, n_latents, n_chain, dense_cells)
 
-    for concepts, grown in thread_map(grow, _blocks(entries, parts, block_entries, per_block), jobs):
-        block_acc0, block_local, block_global, block_cuts = _scores(grown, removals, levels, exhausted)
-        acc0[concepts], local[concepts], global_[concepts] = block_acc0, block_local, block_global
-        roots[concepts], depths[concepts], cuts[concepts] = grown.root, grown.depth, block_cuts
+    for block, grown in thread_map(grow, _blocks(entries, parts, block_entries, per_block), jobs):
+        at = tree_set[block], tree_concept[block]
+        acc0[at], local[at], global_[at], cuts[at] = _scores(grown, removals, levels, exhausted)
+        roots[at], depths[at] = grown.root, grown.depth
+    return [_result(j if n_sets > 1 else None, acc0[j], local[j], global_[j], roots[j], depths[j], cuts[j], scored, rows, n_rows,
+                    removals, levels, exhausted) for j in range(n_sets)]
+
+
+def _result(code_set: int | None, acc0: np.ndarray, local: np.ndarray, global_: np.ndarray, roots: np.ndarray, depths: np.ndarray,
+            cuts: np.ndarray, scored: np.ndarray, rows: list[np.ndarray], n_rows: np.ndarray, removals: tuple[int, ...], levels: str,
+            exhausted: str) -> FMSResult:
+    """One code set's FMSResult from its trees' statistics (arrays by concept, modified in place: NaN where a concept
+    has no root split); `code_set`: its index in the warnings (None: a single set)."""
+    where = "fms" if code_set is None else f"fms (code set {code_set})"
     for c in scored:
         if roots[c] < 0:
-            logger.warning("fms: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", c, rows[c].size)
+            logger.warning("%s: concept %d: no latent separates its %d rows (the codes are constant there); scored NaN", where, c, rows[c].size)
             acc0[c] = local[c] = global_[c] = np.nan
             cuts[c] = np.nan
         elif np.isnan(local[c]):
-            logger.warning("fms: concept %d: no latent is left to split its rows after the first removal, and removal counts "
-                           "without a split are left out (exhausted='drop'); scored NaN", c)
+            logger.warning("%s: concept %d: no latent is left to split its rows after the first removal, and removal counts "
+                           "without a split are left out (exhausted='drop'); scored NaN", where, c)
     per_concept = acc0 * (local + global_) / 2.0
     valid = ~np.isnan(per_concept)
     score = float(per_concept[valid].mean()) if valid.any() else Undefined("no concept has both classes and a latent that separates them")

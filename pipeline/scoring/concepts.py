@@ -29,7 +29,8 @@ are settings with the published one as default: the binarisation threshold, TAPA
 use.
 
 Devices: the linear probes and FMS run with torch on `evaluate.device` (`pipeline.metrics.probe`,
-`pipeline.metrics.fms`); the other concept metrics on the host (numpy, scipy.sparse).
+`pipeline.metrics.fms`; the three variants' FMS trees grow together, `fms_of_sets`); the other concept metrics on the
+host (numpy, scipy.sparse).
 
 Random codes: each latent fires independently with the trained model's activation frequency on
 the matching rows, magnitude 1 (`pipeline.scoring.codes.RandomCodes`, one seeded stream per row set); before/after
@@ -50,7 +51,7 @@ from scipy import sparse
 from pipeline.data.dataset import sample_rows
 from pipeline.metrics.cknna import KnnKernel, aligned, cknna_subsample, knn_kernel
 from pipeline.metrics.csr import column_counts
-from pipeline.metrics.fms import fms
+from pipeline.metrics.fms import fms_of_sets
 from pipeline.metrics.matching import Matching, binarise, coalition_members, counts_f1, fbmp, member_counts, nan_mean, one_to_one, strongest, tp_counts
 from pipeline.metrics.probe import Probes, fit_probes, probe_scores
 from pipeline.metrics.tapas import Tapas, delta_stay, tapascore
@@ -335,9 +336,10 @@ def cknna_side(data: ConceptData, settings: EvaluateSettings, seed: int) -> Cknn
     return CknnaSide(near, knn_kernel(data.embeddings(data.pool_rows[near]), settings.cknna_k, "embeddings"))
 
 
-def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSettings, seed: int, side: CknnaSide,
-                    timings: Timings | None = None) -> VariantMetrics:
-    """Every concept metric of one variant's codes; `side`: the embeddings' CKNNA side (`cknna_side`, the same for
+def variant_metrics(codes: VariantCodes, pool: sparse.csr_array, fms_score: float, data: ConceptData, settings: EvaluateSettings,
+                    side: CknnaSide, timings: Timings | None = None) -> VariantMetrics:
+    """Every concept metric of one variant's codes; `pool`: its codes of the pool rows, `fms_score`: their FMS (the
+    variants' FMS grow together, `concept_metrics`); `side`: the embeddings' CKNNA side (`cknna_side`, the same for
     every variant of the kind, computed once)."""
     timings = timings or Timings()
     with timings.part("matching"):
@@ -349,15 +351,11 @@ def variant_metrics(codes: VariantCodes, data: ConceptData, settings: EvaluateSe
             after = binarise(codes.after.codes(data.pair_ids), settings.active_threshold)
             tapas = tapas_scores(before, after, data, matching.coalitions, settings.tapas_empty)
             stay = delta_stay(before, after, data.pairs_present, data.pairs_added, data.pairs_removed, matching.coalitions, settings.tapas_empty)
-    pool = codes.test.codes(data.pool_rows)
-    with timings.part("fms"):
-        fms_result = fms(pool, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals, levels=settings.fms_levels,
-                         exhausted=settings.fms_exhausted, device=metrics_device(settings.device))
     with timings.part("cknna"):
         similarity = aligned(knn_kernel(pool[side.near], settings.cknna_k, "codes"), side.embedded)
     return VariantMetrics(
         matching=scores, match_score=scores.fbmp[settings.tapas_beta][settings.tapas_k].match, tapas=tapas, delta_stay=stay,
-        cknna=similarity, fms=fms_result.fms, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
+        cknna=similarity, fms=fms_score, probe=codes.probe, coalitions=tuple(tuple(c.tolist()) for c in matching.coalitions),
     )
 
 
@@ -375,9 +373,13 @@ def concept_metrics(trained: VariantCodes, untrained: VariantCodes, data: Concep
     frequency = column_counts(binarise(trained.match.codes(data.match_rows), settings.active_threshold)) / len(data.match_rows)
     with timings.part("cknna"):
         side = cknna_side(data, settings, seed)
-    of_trained = variant_metrics(trained, data, settings, seed, side, timings)
-    of_untrained = variant_metrics(untrained, data, settings, seed, side, timings)
-    of_random = variant_metrics(random_variant(frequency, seed), data, settings, seed, side, timings)
+    variants = (trained, untrained, random_variant(frequency, seed))
+    pools = [codes.test.codes(data.pool_rows) for codes in variants]
+    with timings.part("fms"):  # the three variants' trees in shared blocks (`fms_of_sets`)
+        scores = fms_of_sets(pools, data.y_pool, max_n=settings.fms_max_n, seed=seed, removals=settings.fms_removals,
+                             levels=settings.fms_levels, exhausted=settings.fms_exhausted, device=metrics_device(settings.device))
+    of_trained, of_untrained, of_random = (variant_metrics(codes, pool, result.fms, data, settings, side, timings)
+                                           for codes, pool, result in zip(variants, pools, scores))
     delta = of_trained.matching.delta(of_untrained.matching)
     strong = None
     if settings.match_strongest is not None:  # the trained model and its twin only: random codes have no strength to rank
