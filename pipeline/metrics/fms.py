@@ -84,7 +84,9 @@ Choices, documented:
   shared blocks, each block holding as many trees of every set. A level of a block costs a few hundred torch
   operations (~5-8 ms on the CPU, and a host sync on a GPU) whatever it holds, and trees of random TopK codes are ~45
   levels deep, so fewer, fuller blocks save that overhead: the evaluate stage's three sets of a TopK cell, 2 threads,
-  7.7 -> 7.1 s (best of four, alternating with one call per set), CEDAR's 11.3 -> 10.0 s.
+  7.7 -> 7.1 s (best of four, alternating with one call per set), CEDAR's 11.3 -> 10.0 s. On a GPU (one block at a
+  time) the saving is the blocks the sets share: none where each set fills a block of its own (the benchmark cell's
+  sets, 3.6 M entries each, are three blocks either way), two of three levels' syncs where the three fit in one.
 """
 
 from __future__ import annotations
