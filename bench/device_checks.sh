@@ -16,14 +16,18 @@
 #   smoke     bench/gpu_smoke.py at its defaults: extraction and the train stage against their warm bare loops
 #
 # Limits in seconds: LIMIT_EVALUATE (default 240), LIMIT_TESTS (90), LIMIT_SMOKE (240); the three fit one 10-minute call.
+# Exit status: 1 when a step failed or ran past its limit (every step still runs), else 0.
 # SMALL=1: every step at toy sizes on whatever device there is (a CPU too): it proves the script, and its numbers say
 # nothing about a GPU.
 set -u
 out=${1:-${OUT:-device-checks}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the steps run from the repository root
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
 
 step() {  # step NAME LIMIT COMMAND...: run it, its output to OUT/NAME.log, its rc to OUT/summary.txt
     local name=$1 limit=$2 start rc
@@ -31,6 +35,7 @@ step() {  # step NAME LIMIT COMMAND...: run it, its output to OUT/NAME.log, its 
     start=$(date +%s)
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     rc=$?
+    [ "$rc" = 0 ] || failed=1
     echo "$name rc=$rc seconds=$(( $(date +%s) - start ))" >> "$out/summary.txt"
 }
 
@@ -57,5 +62,5 @@ else
     echo "tests skipped: pytest is not installed" >> "$out/summary.txt"
 fi
 step smoke "${LIMIT_SMOKE:-240}" "$python" bench/gpu_smoke.py --workdir "$work/smoke" "${smoke_sizes[@]}"
-rm -rf "$work"
 cat "$out/summary.txt"
+exit "$failed"

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_device_checks_run_every_step_and_keep_their_output(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "SMALL": "1", "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(ROOT / "bench" / "device_checks.sh"), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    # OUT_DIR relative to the caller's directory, not the repository root the steps run from
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_checks.sh"), "out"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     summary = (out / "summary.txt").read_text().splitlines()
     assert [line.split()[:2] for line in summary] == [["device", "rc=0"], ["evaluate", "rc=0"], ["tests", "rc=0"], ["smoke", "rc=0"]], summary
@@ -31,3 +32,11 @@ def test_device_checks_run_every_step_and_keep_their_output(tmp_path: Path) -> N
     assert " passed" in (out / "tests.log").read_text()
     phases = {json.loads(line)["phase"] for line in (out / "smoke.log").read_text().splitlines() if line.startswith("{")}
     assert phases == {"extract", "train_sae", "evaluate_sae", "train_cedar", "evaluate_cedar"}
+
+
+def test_device_checks_fail_when_a_step_runs_past_its_limit_and_still_run_the_others(tmp_path: Path) -> None:
+    env = {**os.environ, "SMALL": "1", "PYTHON": sys.executable, "LIMIT_EVALUATE": "1", "LIMIT_TESTS": "1", "LIMIT_SMOKE": "1"}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_checks.sh"), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout
+    summary = [line.split()[:2] for line in (tmp_path / "summary.txt").read_text().splitlines()]
+    assert summary == [["device", "rc=0"], ["evaluate", "rc=124"], ["tests", "rc=124"], ["smoke", "rc=124"]], summary
